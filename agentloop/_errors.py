@@ -1,0 +1,107 @@
+"""The exception hierarchy. Every public exception subclasses :class:`AgentLoopError`."""
+
+from __future__ import annotations
+
+__all__ = [
+    "AgentLoopError",
+    "ConfigError",
+    "SettingsError",
+    "InvalidContent",
+    "ProviderError",
+    "SessionIdInUse",
+    "SessionNotFound",
+    "PersistenceUnavailable",
+    "PersistenceError",
+    "AgentDisposed",
+    "AgentNotPublished",
+    "RuntimeClosed",
+    "ToolDefinitionError",
+]
+
+
+class AgentLoopError(Exception):
+    """Base class of every error agentloop raises on purpose."""
+
+
+class ConfigError(AgentLoopError, ValueError):
+    """A configuration value is invalid; the message names its path and the bad value."""
+
+
+class SettingsError(AgentLoopError, ValueError):
+    """A settings write was refused; nothing changed."""
+
+
+class InvalidContent(AgentLoopError, ValueError):  # noqa: N818 - the contract's name
+    """Message content or metadata is not JSON-representable; nothing changed."""
+
+
+class ProviderError(AgentLoopError):
+    """A model provider call failed.
+
+    Attributes:
+        status: the HTTP status when the failure came with one.
+        code: a short machine-readable code (``"rate_limit_error"``, ``"NO_ADAPTER"``, ...).
+        retry_after: seconds the provider asked us to wait, when it said so.
+        message: the provider's own message.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        code: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.code = code
+        self.retry_after = retry_after
+
+    def __repr__(self) -> str:
+        return (
+            f"ProviderError({self.message!r}, status={self.status!r}, code={self.code!r}, "
+            f"retry_after={self.retry_after!r})"
+        )
+
+    def to_json(self) -> dict[str, object]:
+        """The error as plain JSON, as recorded in logs and events."""
+        return {
+            "message": self.message,
+            "status": self.status,
+            "code": self.code,
+            "retry_after": self.retry_after,
+        }
+
+
+class SessionIdInUse(AgentLoopError):  # noqa: N818 - the contract's name
+    """Another live agent already holds this session id."""
+
+
+class SessionNotFound(AgentLoopError, LookupError):  # noqa: N818 - the contract's name
+    """No persisted session has this id."""
+
+
+class PersistenceUnavailable(AgentLoopError):  # noqa: N818 - the contract's name
+    """The operation needs a session-persistence backend and none is loaded."""
+
+
+class PersistenceError(AgentLoopError):
+    """The persistence backend failed (a corrupt or newer file, an undecodable row, ...)."""
+
+
+class AgentDisposed(AgentLoopError):  # noqa: N818 - reads as a state
+    """The agent was disposed; it accepts no more input."""
+
+
+class AgentNotPublished(AgentLoopError):  # noqa: N818 - reads as a state
+    """The agent is still being set up and cannot be driven yet."""
+
+
+class RuntimeClosed(AgentLoopError):  # noqa: N818 - reads as a state
+    """The runtime is shutting down (or has shut down) and accepts no new agents."""
+
+
+class ToolDefinitionError(AgentLoopError, TypeError):
+    """A function cannot be turned into a tool (an annotation without a JSON schema, ...)."""

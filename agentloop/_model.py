@@ -1,0 +1,248 @@
+"""Frozen value types shared by the runtime, the adapters and the test doubles."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, NewType, TypeAlias
+
+import attrs
+
+from ._errors import ConfigError
+from ._json import JSON, FrozenDict, _iter_text, freeze
+
+__all__ = [
+    "MessageId",
+    "Content",
+    "ToolCall",
+    "Message",
+    "SessionEvent",
+    "InboxMessage",
+    "AgentOptions",
+    "CallConfig",
+    "ToolSpec",
+    "LLMRequest",
+    "TextDelta",
+    "ReasoningDelta",
+    "ToolCallDelta",
+    "Finish",
+    "StreamPart",
+    "FinishReason",
+    "ToolResult",
+    "content_text",
+]
+
+MessageId = NewType("MessageId", str)
+"""Identifies one accepted inbox message; unique across both pending lists of an agent."""
+
+Content: TypeAlias = "str | tuple[JSON, ...]"
+"""Message content: a string, or a tuple of JSON-like parts (``{"type": "text", "text": ...}``)."""
+
+FinishReason: TypeAlias = Literal[
+    "stop", "tool_calls", "max_tokens", "content_filter", "refusal", "error"
+]
+
+
+def content_text(content: object) -> str:
+    """The text of ``content``: the string itself, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):
+        return "".join(_iter_text(content))
+    return ""
+
+
+@attrs.frozen(slots=True)
+class ToolCall:
+    """A tool call as the model made it.
+
+    ``arguments`` is the parsed JSON object, or the raw text when the model's arguments did not
+    parse as a JSON object (the call then gets an ``INVALID_ARGUMENTS`` result).
+    """
+
+    id: str
+    name: str
+    arguments: FrozenDict | str
+
+    def to_json(self) -> FrozenDict:
+        return FrozenDict(id=self.id, name=self.name, arguments=self.arguments)
+
+
+@attrs.frozen(slots=True)
+class Message:
+    """One entry of the derived history sent to the model.
+
+    Attributes:
+        role: ``"user"``, ``"assistant"`` or ``"tool"``.
+        content: a string or a tuple of JSON parts.
+        tool_calls: the assistant's tool calls, in the model's order.
+        tool_call_id: for ``"tool"`` messages, the call answered.
+        name: for ``"tool"`` messages, the tool's name.
+        is_error: for ``"tool"`` messages, whether the result is an error.
+        interrupted: True for an assistant prefix cut short by cancellation.
+        reasoning: the assistant's reasoning text, replayed where a provider requires it.
+        reasoning_signature: the provider's signature over that reasoning (Anthropic thinking).
+    """
+
+    role: Literal["user", "assistant", "tool"]
+    content: Content = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+    is_error: bool = False
+    interrupted: bool = False
+    reasoning: str | None = None
+    reasoning_signature: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The text content joined."""
+        return content_text(self.content)
+
+
+@attrs.frozen(slots=True)
+class SessionEvent:
+    """One entry of a session's append-only durable log.
+
+    ``seq`` increases strictly from 1; ``data`` is deep-frozen JSON (mutation raises
+    ``TypeError``); ``turn`` is the turn the event belongs to, or ``None`` outside turns.
+    """
+
+    seq: int
+    type: str
+    turn: int | None
+    data: FrozenDict
+
+
+@attrs.frozen(slots=True)
+class InboxMessage:
+    """An accepted, pending inbox message. The same record is shared by every event about it."""
+
+    id: MessageId
+    content: Content
+    source: JSON = None
+
+    def to_json(self) -> FrozenDict:
+        return FrozenDict(id=self.id, content=self.content, source=self.source)
+
+
+def _non_empty_str_or_none(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{attribute.name}: must be a non-empty string, got {value!r}")
+
+
+def _positive_int_or_none(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{attribute.name}: must be a positive integer, got {value!r}")
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class AgentOptions:
+    """Per-agent model options. Invalid values raise :class:`ConfigError` at construction."""
+
+    provider: str | None = attrs.field(default=None, validator=_non_empty_str_or_none)
+    model: str | None = attrs.field(default=None, validator=_non_empty_str_or_none)
+    reasoning_effort: str | None = attrs.field(default=None, validator=_non_empty_str_or_none)
+    max_tokens: int | None = attrs.field(default=None, validator=_positive_int_or_none)
+    system_prompt: str | None = None
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class CallConfig:
+    """The effective configuration of one model call (what ``agent/request`` may rewrite)."""
+
+    provider: str | None = None
+    model: str | None = None
+    reasoning_effort: str | None = attrs.field(default=None, validator=_non_empty_str_or_none)
+    max_tokens: int | None = attrs.field(default=None, validator=_positive_int_or_none)
+    extra: FrozenDict = attrs.field(factory=FrozenDict, converter=lambda v: freeze(v))  # type: ignore[misc]
+
+    def to_json(self) -> FrozenDict:
+        return FrozenDict(
+            provider=self.provider,
+            model=self.model,
+            reasoning_effort=self.reasoning_effort,
+            max_tokens=self.max_tokens,
+            extra=self.extra,
+        )
+
+
+@attrs.frozen(slots=True)
+class ToolSpec:
+    """What the model sees of a tool: its name, description and JSON-schema parameters."""
+
+    name: str
+    description: str
+    parameters: FrozenDict
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class LLMRequest:
+    """One model call, as handed to an adapter.
+
+    ``messages`` is an immutable snapshot of the derived history (O(1) to take: the history is
+    append-only, so a snapshot is the list and a length).
+    """
+
+    system: str
+    messages: Sequence[Message]
+    tools: tuple[ToolSpec, ...]
+    config: CallConfig
+    session_id: str = ""
+    turn: int = 0
+    step: int = 0
+
+
+@attrs.frozen(slots=True)
+class TextDelta:
+    """A fragment of the assistant's visible text."""
+
+    text: str
+
+
+@attrs.frozen(slots=True)
+class ReasoningDelta:
+    """A fragment of the assistant's reasoning (``reasoning_content``, Anthropic thinking).
+
+    ``signature`` carries a provider signature over the reasoning block, when one arrives.
+    """
+
+    text: str
+    signature: str | None = None
+
+
+@attrs.frozen(slots=True)
+class ToolCallDelta:
+    """A fragment of tool call ``index``: the first fragment carries ``id`` and ``name``."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@attrs.frozen(slots=True)
+class Finish:
+    """The provider finished the call. ``usage`` maps token counters to ints, when known."""
+
+    reason: str
+    usage: Mapping[str, Any] | None = None
+
+
+StreamPart: TypeAlias = "TextDelta | ReasoningDelta | ToolCallDelta | Finish"
+
+
+@attrs.frozen(slots=True)
+class ToolResult:
+    """The outcome of one tool call: what the model reads back."""
+
+    content: Content
+    is_error: bool = False
+    error_code: str | None = None
+
+    @classmethod
+    def error(cls, code: str, message: str) -> ToolResult:
+        return cls(content=f"Error: {message}", is_error=True, error_code=code)
