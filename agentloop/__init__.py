@@ -1,0 +1,109 @@
+"""agentloop: an actor-model runtime for LLM agents on trio structured concurrency.
+
+Embed it in any trio program::
+
+    async with agentloop.open_runtime() as rt:
+        rt.llm.register("scripted", ScriptedModel(["Hello!"]))
+        handle = await rt.agents.create(
+            session_id="s1", agent_options=agentloop.AgentOptions(provider="scripted", model="m")
+        )
+        async with handle:
+            handle.agent.followup("hi")
+            await handle.agent.wait_idle()
+"""
+
+from ._agent import Agent as Agent
+from ._agent import Inbox as Inbox
+from ._agents import AgentHandle as AgentHandle
+from ._bus import Disposer as Disposer
+from ._bus import Lagged as Lagged
+from ._config import AgentConfig as AgentConfig
+from ._config import Config as Config
+from ._config import PersistenceConfig as PersistenceConfig
+from ._config import ProviderConfig as ProviderConfig
+from ._context import Context as Context
+from ._errors import AgentDisposed as AgentDisposed
+from ._errors import AgentLoopError as AgentLoopError
+from ._errors import AgentNotPublished as AgentNotPublished
+from ._errors import ConfigError as ConfigError
+from ._errors import InvalidContent as InvalidContent
+from ._errors import PersistenceError as PersistenceError
+from ._errors import PersistenceUnavailable as PersistenceUnavailable
+from ._errors import ProviderError as ProviderError
+from ._errors import RuntimeClosed as RuntimeClosed
+from ._errors import SessionIdInUse as SessionIdInUse
+from ._errors import SessionNotFound as SessionNotFound
+from ._errors import SettingsError as SettingsError
+from ._errors import ToolDefinitionError as ToolDefinitionError
+from ._events import Allow as Allow
+from ._events import Ask as Ask
+from ._events import Deny as Deny
+from ._events import Reject as Reject
+from ._events import Retry as Retry
+from ._json import FrozenDict as FrozenDict
+from ._model import AgentOptions as AgentOptions
+from ._model import CallConfig as CallConfig
+from ._model import InboxMessage as InboxMessage
+from ._model import Message as Message
+from ._model import MessageId as MessageId
+from ._model import SessionEvent as SessionEvent
+from ._model import ToolCall as ToolCall
+from ._model import ToolResult as ToolResult
+from ._model import ToolSpec as ToolSpec
+from ._persistence import SessionInfo as SessionInfo
+from ._persistence import SessionPersistence as SessionPersistence
+from ._persistence import StoredSession as StoredSession
+from ._runtime import open_runtime as open_runtime
+from ._session import Session as Session
+from ._tools import Tool as Tool
+from ._tools import truncate_content as truncate_content
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "open_runtime",
+    "Context",
+    "Config",
+    "AgentConfig",
+    "ProviderConfig",
+    "PersistenceConfig",
+    "Agent",
+    "AgentHandle",
+    "AgentOptions",
+    "Inbox",
+    "InboxMessage",
+    "MessageId",
+    "Session",
+    "SessionEvent",
+    "Message",
+    "ToolCall",
+    "CallConfig",
+    "Tool",
+    "ToolSpec",
+    "ToolResult",
+    "truncate_content",
+    "FrozenDict",
+    "Disposer",
+    "Lagged",
+    "Allow",
+    "Ask",
+    "Deny",
+    "Reject",
+    "Retry",
+    "SessionPersistence",
+    "SessionInfo",
+    "StoredSession",
+    "AgentLoopError",
+    "ConfigError",
+    "SettingsError",
+    "InvalidContent",
+    "ProviderError",
+    "SessionIdInUse",
+    "SessionNotFound",
+    "PersistenceUnavailable",
+    "PersistenceError",
+    "AgentDisposed",
+    "AgentNotPublished",
+    "RuntimeClosed",
+    "ToolDefinitionError",
+]

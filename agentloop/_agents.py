@@ -1,0 +1,340 @@
+"""The supervisor side of agents: creation as a transaction, handles, teardown, registries.
+
+Creation prepares privately (session, agent, scope, setup), enters both registries in one
+synchronous step, announces ``session/created``, ``agent/created``, ``agent/session-start``, and
+only then starts the driver. Anything that fails or is cancelled before the entry rolls back
+what was prepared. Teardown runs stop and drain -> unwind the agent's scope -> detach agent ->
+detach session, once, and every way of asking for it waits for the same boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ._agent import CLOSE_GRACE, Agent, current_agent
+from ._errors import InvalidContent, PersistenceUnavailable, SessionIdInUse
+from ._events import (
+    AgentCreated,
+    AgentDisposed,
+    AgentSessionStart,
+    SessionCreated,
+    SessionDisposed,
+)
+from ._json import FrozenDict, freeze
+from ._model import AgentOptions, SessionEvent
+from ._session import Session
+
+if TYPE_CHECKING:
+    from ._context import Context
+    from ._runtime import Runtime
+
+__all__ = ["AgentHandle", "AgentsService", "AgentLoopService", "SessionsService"]
+
+log = logging.getLogger("agentloop")
+
+Setup = Callable[["Context"], Awaitable[None]]
+_MAX_ID = 256
+
+
+def _check_id(session_id: object, what: str = "session_id") -> str:
+    if not isinstance(session_id, str) or not session_id or len(session_id) > _MAX_ID:
+        raise ValueError(f"{what} must be a non-empty string of at most {_MAX_ID} characters, "
+                         f"got {session_id!r}")
+    if any(ord(c) < 32 for c in session_id):
+        raise ValueError(f"{what} must not contain control characters, got {session_id!r}")
+    return session_id
+
+
+def _freeze_meta(meta: Mapping[str, Any] | None) -> FrozenDict:
+    if meta is None:
+        return FrozenDict()
+    if not isinstance(meta, Mapping):
+        raise InvalidContent(f"meta: must be a mapping, got {type(meta).__name__}")
+    frozen = freeze(meta, path="meta")
+    assert isinstance(frozen, FrozenDict)
+    return frozen
+
+
+def _seed_events(seed: Sequence[Any] | None) -> list[SessionEvent]:
+    """Validate a forked prefix: ``SessionEvent`` values or ``{"type", "data", "turn"?}``."""
+    out: list[SessionEvent] = []
+    for i, item in enumerate(seed or ()):
+        if isinstance(item, SessionEvent):
+            type_, turn, payload = item.type, item.turn, item.data
+        elif isinstance(item, Mapping):
+            type_, turn, payload = item.get("type"), item.get("turn"), item.get("data", {})
+        else:
+            raise InvalidContent(f"seed[{i}]: must be a SessionEvent or a mapping, got {item!r}")
+        if not isinstance(type_, str) or not type_:
+            raise InvalidContent(f"seed[{i}].type: must be a non-empty string, got {type_!r}")
+        if turn is not None and (isinstance(turn, bool) or not isinstance(turn, int)):
+            raise InvalidContent(f"seed[{i}].turn: must be an integer or null, got {turn!r}")
+        frozen = freeze(payload, path=f"seed[{i}].data")
+        if not isinstance(frozen, FrozenDict):
+            raise InvalidContent(f"seed[{i}].data: must be an object, got {payload!r}")
+        out.append(SessionEvent(i + 1, type_, turn, frozen))
+    return out
+
+
+class AgentHandle:
+    """The owner's capability over one agent: ``aclose()`` tears down exactly that agent.
+
+    ``aclose`` is idempotent and memoized; it returns only at quiescence: the driver stopped
+    (a running turn ended ``disposed``), closing events were flushed, and the agent and its
+    session left the registries.
+    """
+
+    def __init__(self, agent: Agent, owner: Context) -> None:
+        self.agent = agent
+        self._owner = owner
+
+    def __repr__(self) -> str:
+        return f"<AgentHandle {self.agent.id!r}>"
+
+    async def aclose(self) -> None:
+        await dispose(self.agent)
+        self._owner._disown(self)  # noqa: SLF001
+
+    async def __aenter__(self) -> AgentHandle:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+async def dispose(agent: Agent) -> None:
+    """Start the agent's teardown if needed and wait for its quiescence boundary."""
+    rt = agent._rt  # noqa: SLF001
+    done = agent._teardown  # noqa: SLF001
+    if done is None:
+        done = agent._teardown = trio.Event()  # noqa: SLF001
+        rt.system_nursery.start_soon(_teardown, agent, done)
+    await done.wait()
+
+
+async def _teardown(agent: Agent, done: trio.Event) -> None:
+    rt = agent._rt  # noqa: SLF001
+    try:
+        # A dispose requested from inside a creation notification waits for it to unwind.
+        await agent._announced.wait()  # noqa: SLF001
+        agent._stop()  # noqa: SLF001
+        with trio.move_on_after(CLOSE_GRACE):
+            await agent._driver_done.wait()  # noqa: SLF001
+        if not agent._driver_done.is_set():  # noqa: SLF001
+            log.warning("agent %s ignored disposal for %ss; cancelling its scope",
+                        agent.id, CLOSE_GRACE)
+        agent._scope.cancel()  # noqa: SLF001
+        await agent._driver_done.wait()  # noqa: SLF001
+        with trio.move_on_after(CLOSE_GRACE, shield=True):
+            await agent._flush(agent.session.last_seq)  # noqa: SLF001
+            if agent.ctx is not None:
+                await agent.ctx.aclose()
+            await rt.release_persistence(agent)
+    finally:
+        agent._set_status("disposed")  # noqa: SLF001
+        if rt.agents.get(agent.id) is agent:
+            del rt.agents[agent.id]
+            rt.emit(AgentDisposed(agent.id))
+        if rt.sessions.get(agent.id) is agent.session:
+            del rt.sessions[agent.id]
+            rt.emit(SessionDisposed(agent.id))
+        done.set()
+
+
+class SessionsService:
+    """``ctx.sessions``: the live sessions."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self._rt = rt
+
+    def get(self, session_id: str) -> Session | None:
+        return self._rt.sessions.get(session_id)
+
+    def list(self) -> list[Session]:
+        return list(self._rt.sessions.values())
+
+
+class AgentsService:
+    """``ctx.agents``: programmatic creation and resume, and the live-agent registry."""
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+        self._rt = ctx.runtime
+
+    def get(self, agent_id: str) -> Agent | None:
+        """The live agent with this id (a bare ``Agent``: handles belong to their owners)."""
+        return self._rt.agents.get(agent_id)
+
+    def list(self) -> list[Agent]:
+        return list(self._rt.agents.values())
+
+    @staticmethod
+    def current() -> Agent | None:
+        """The agent on whose behalf the calling task runs (its driver, tools, hooks)."""
+        return current_agent()
+
+    async def create(
+        self,
+        *,
+        session_id: str,
+        meta: Mapping[str, Any] | None = None,
+        seed: Sequence[Any] | None = None,
+        agent_options: AgentOptions | None = None,
+        setup: Setup | None = None,
+    ) -> AgentHandle:
+        """Create and publish an agent on a new session ``session_id``.
+
+        Cancelling the caller during setup or publication rolls everything back.
+
+        Raises:
+            SessionIdInUse: a live agent (or a stored session) already has this id.
+            InvalidContent: ``meta`` or ``seed`` is not JSON.
+        """
+        _check_id(session_id)
+        frozen_meta = _freeze_meta(meta)
+        events = _seed_events(seed)
+        return await _transaction(
+            self._ctx, session_id, frozen_meta, events, agent_options, setup, resumed=False
+        )
+
+    async def resume(
+        self,
+        *,
+        resume_session_id: str,
+        agent_options: AgentOptions | None = None,
+        setup: Setup | None = None,
+    ) -> AgentHandle:
+        """Load a persisted session and publish an agent that continues it.
+
+        Raises:
+            PersistenceUnavailable: no persistence backend is loaded.
+            SessionNotFound: nothing is stored under this id.
+            SessionIdInUse: a live agent already drives it.
+        """
+        _check_id(resume_session_id, "resume_session_id")
+        backend = self._rt.persistence
+        if backend is None:
+            raise PersistenceUnavailable(
+                "resume needs a session-persistence backend; enable one with "
+                '{"persistence": {"backend": "sqlite", "path": "..."}}'
+            )
+        if resume_session_id in self._rt.agents:
+            raise SessionIdInUse(f"session {resume_session_id!r} is already driven by a live agent")
+        stored = await backend.load(resume_session_id)
+        return await _transaction(
+            self._ctx, resume_session_id, stored.meta, list(stored.events), agent_options,
+            setup, resumed=True,
+        )
+
+
+async def _transaction(
+    owner: Context,
+    session_id: str,
+    meta: FrozenDict,
+    events: list[SessionEvent],
+    options: AgentOptions | None,
+    setup: Setup | None,
+    *,
+    resumed: bool,
+) -> AgentHandle:
+    rt = owner.runtime
+    rt.check_open()
+    if options is not None and not isinstance(options, AgentOptions):
+        raise TypeError(f"agent_options must be an AgentOptions, got {options!r}")
+    with rt.inflight():
+        if not resumed and rt.persistence is not None and await rt.persistence.exists(session_id):
+            raise SessionIdInUse(
+                f"session {session_id!r} already exists in persistence; resume it instead"
+            )
+        session = Session(session_id, meta, rt.bus)
+        session.load(events)
+        cwd = meta.get("cwd") if isinstance(meta.get("cwd"), str) else None
+        agent = Agent(rt, session, options or AgentOptions(), cwd=cwd, resumed=resumed)
+        scope = owner.child(f"agent:{session_id}", agent_id=session_id)
+        agent.ctx = scope
+        leased = False
+        try:
+            if rt.persistence is not None:
+                await rt.persistence.acquire(session_id, rt.owner_id)
+                leased = True
+            if setup is not None:
+                await setup(scope)
+            await trio.lowlevel.checkpoint()
+            rt.check_open()
+            _enter(rt, agent)
+        except BaseException:
+            with trio.move_on_after(CLOSE_GRACE, shield=True):
+                await scope.aclose()
+                if leased and rt.persistence is not None:
+                    await rt.persistence.release(session_id, rt.owner_id)
+            raise
+        handle = AgentHandle(agent, owner)
+        owner._own(handle)  # noqa: SLF001
+        _announce_and_start(rt, agent)
+        return handle
+
+
+def _enter(rt: Runtime, agent: Agent) -> None:
+    """Enter both registries in one synchronous step: the final arbiter of same-id races."""
+    if agent.id in rt.agents or agent.id in rt.sessions:
+        raise SessionIdInUse(f"session id {agent.id!r} is already in use by a live agent")
+    rt.agents[agent.id] = agent
+    rt.sessions[agent.id] = agent.session
+    agent._published = True  # noqa: SLF001
+
+
+def _announce_and_start(rt: Runtime, agent: Agent) -> None:
+    try:
+        rt.emit(SessionCreated(agent.id, agent.session.meta, agent.resumed))
+        rt.emit(AgentCreated(agent.id))
+        rt.emit(AgentSessionStart(agent.id, agent.resumed))
+    finally:
+        agent._announced.set()  # noqa: SLF001
+    rt.agent_nursery.start_soon(agent._actor)  # noqa: SLF001
+
+
+class AgentLoopService:
+    """``ctx.agent_loop``: synchronous creation of agents owned by the calling scope."""
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+        self._rt = ctx.runtime
+
+    def create(
+        self,
+        id: str,  # noqa: A002 - the contract's name
+        options: AgentOptions | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> Agent:
+        """Create and start an agent on session ``id`` now; it is disposed with this scope."""
+        rt, owner = self._rt, self._ctx
+        rt.check_open()
+        _check_id(id, "id")
+        if options is not None and not isinstance(options, AgentOptions):
+            raise TypeError(f"options must be an AgentOptions, got {options!r}")
+        frozen_meta = _freeze_meta(meta)
+        session = Session(id, frozen_meta, rt.bus)
+        cwd = frozen_meta.get("cwd") if isinstance(frozen_meta.get("cwd"), str) else None
+        agent = Agent(rt, session, options or AgentOptions(), cwd=cwd)
+        scope = owner.child(f"agent:{id}", agent_id=id)
+        agent.ctx = scope
+        try:
+            _enter(rt, agent)
+        except BaseException:
+            scope.close_registrations()
+            raise
+        agent._needs_lease = True  # noqa: SLF001
+        owner._own(AgentHandle(agent, owner))  # noqa: SLF001
+        _announce_and_start(rt, agent)
+        return agent
+
+
+def fresh_session_id(label: str) -> str:
+    return f"{label}-session-{uuid.uuid4()}"
+
+

@@ -1,0 +1,494 @@
+"""The event catalog: every event class, its seed name and its dispatch mode.
+
+Three kinds of events travel on the bus:
+
+- **durable** events mirror the session log (``session/event``) and its flush barrier
+  (``session/flush``);
+- **control** events report what happened (``agent/status``, ``agent/created``, inbox splices,
+  ``llm/retry``, ...). They are dispatched synchronously, at the moment they happen, to plain
+  (non-async) handlers; use :meth:`Events.subscribe` to observe them from a task;
+- **hooks** are awaited at the loop's checkpoints. Their mode says what a handler's return
+  value means: ``notify`` (ignored), ``waterfall`` (a replacement for one field, passed on to
+  the next handler) or ``decision`` (the first non-``None`` value wins and ends dispatch).
+
+``docs/events.md`` is generated from this module (``python -m agentloop._catalog``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
+
+import attrs
+
+from ._errors import ProviderError
+from ._json import FrozenDict
+from ._model import (
+    CallConfig,
+    InboxMessage,
+    LLMRequest,
+    Message,
+    SessionEvent,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+)
+
+__all__ = [
+    "Event",
+    "Kind",
+    "Mode",
+    # decisions
+    "Reject",
+    "Retry",
+    "Deny",
+    "Ask",
+    "Allow",
+    # durable
+    "SessionEventAppended",
+    "SessionFlush",
+    # control
+    "SessionCreated",
+    "SessionDisposed",
+    "AgentCreated",
+    "AgentSessionStart",
+    "AgentDisposed",
+    "AgentStatus",
+    "InboxSpliced",
+    "InboxInserted",
+    "InboxDiscarded",
+    "InboxClaimed",
+    "LlmRetry",
+    "PluginFailed",
+    "SettingChanged",
+    # hooks
+    "AgentPreStep",
+    "AgentRequest",
+    "AgentRequestError",
+    "AgentStepResult",
+    "AgentTurnContinuation",
+    "AgentTurnEnd",
+    "LlmStream",
+    "ToolPreExecute",
+    "ToolApproval",
+    "ToolExecute",
+    "ToolPostExecute",
+    "ToolResultEvent",
+    "ALL_EVENTS",
+]
+
+Kind = Literal["durable", "control", "hook"]
+Mode = Literal["notify", "waterfall", "decision"]
+
+
+class Event:
+    """Base of every event class. Subclasses are frozen attrs classes."""
+
+    name: ClassVar[str]
+    kind: ClassVar[Kind]
+    mode: ClassVar[Mode] = "notify"
+    waterfall_field: ClassVar[str | None] = None
+    """For waterfall hooks: the field a handler's return value replaces."""
+    __slots__ = ()
+
+
+# --- decisions ------------------------------------------------------------------------------
+
+
+@attrs.frozen(slots=True)
+class Reject:
+    """``agent/pre-step`` decision: end the turn with reason ``rejected`` and make no call."""
+
+    reason: str = ""
+
+
+@attrs.frozen(slots=True)
+class Retry:
+    """``agent/request-error`` decision: make the failed model call again."""
+
+
+@attrs.frozen(slots=True)
+class Deny:
+    """``tools/pre-execute`` / ``tools/approval`` decision: do not run the call."""
+
+    reason: str = "denied"
+
+
+@attrs.frozen(slots=True)
+class Ask:
+    """``tools/pre-execute`` decision: ask ``tools/approval`` handlers before running."""
+
+    prompt: str
+
+
+@attrs.frozen(slots=True)
+class Allow:
+    """``tools/approval`` decision: run the call."""
+
+
+# --- durable --------------------------------------------------------------------------------
+
+
+@attrs.frozen(slots=True)
+class SessionEventAppended(Event):
+    """An event was appended to a session's durable log (delivered in seq order)."""
+
+    name: ClassVar[str] = "session/event"
+    kind: ClassVar[Kind] = "durable"
+    session_id: str
+    event: SessionEvent
+
+
+@attrs.frozen(slots=True)
+class SessionFlush(Event):
+    """Durability barrier: handlers return once every event up to ``seq`` is stored.
+
+    Awaited at every ``turn/end`` and at disposal, before the session is detached.
+    """
+
+    name: ClassVar[str] = "session/flush"
+    kind: ClassVar[Kind] = "hook"
+    session_id: str
+    seq: int
+
+
+# --- control --------------------------------------------------------------------------------
+
+
+@attrs.frozen(slots=True)
+class SessionCreated(Event):
+    """A session entered the registry."""
+
+    name: ClassVar[str] = "session/created"
+    kind: ClassVar[Kind] = "control"
+    session_id: str
+    meta: FrozenDict
+    resumed: bool = False
+
+
+@attrs.frozen(slots=True)
+class SessionDisposed(Event):
+    """A session left the registry (after its closing events were flushed)."""
+
+    name: ClassVar[str] = "session/disposed"
+    kind: ClassVar[Kind] = "control"
+    session_id: str
+
+
+@attrs.frozen(slots=True)
+class AgentCreated(Event):
+    """An agent was published. Always paired with exactly one later ``agent/disposed``."""
+
+    name: ClassVar[str] = "agent/created"
+    kind: ClassVar[Kind] = "control"
+    agent_id: str
+
+
+@attrs.frozen(slots=True)
+class AgentSessionStart(Event):
+    """A published agent is about to start driving its session."""
+
+    name: ClassVar[str] = "agent/session-start"
+    kind: ClassVar[Kind] = "control"
+    agent_id: str
+    resumed: bool = False
+
+
+@attrs.frozen(slots=True)
+class AgentDisposed(Event):
+    """An agent reached quiescence and left the registry."""
+
+    name: ClassVar[str] = "agent/disposed"
+    kind: ClassVar[Kind] = "control"
+    agent_id: str
+
+
+@attrs.frozen(slots=True)
+class AgentStatus(Event):
+    """The agent's status changed (``idle``, ``running``, ``disposed``)."""
+
+    name: ClassVar[str] = "agent/status"
+    kind: ClassVar[Kind] = "control"
+    agent_id: str
+    status: str
+    previous: str
+
+
+@attrs.frozen(slots=True)
+class InboxSpliced(Event):
+    """One inbox mutation, published before the live projection changes.
+
+    Replaying every splice of a list onto an empty list reproduces that list at every point.
+    ``outcome`` is ``"canceled"`` for removals, ``None`` for inserts, edits and claims.
+    """
+
+    name: ClassVar[str] = "agent/inbox/spliced"
+    kind: ClassVar[Kind] = "control"
+    agent_id: str
+    list: Literal["next-turn", "next-step"]
+    index: int
+    delete_count: int
+    inserted: tuple[InboxMessage, ...]
+    outcome: str | None = None
+
+
+@attrs.frozen(slots=True)
+class InboxInserted(Event):
+    """A message was accepted into an inbox list."""
+
+    name: ClassVar[str] = "agent/inbox/inserted"
+    kind: ClassVar[Kind] = "control"
+    agent_id: str
+    list: Literal["next-turn", "next-step"]
+    message: InboxMessage
+
+
+@attrs.frozen(slots=True)
+class InboxDiscarded(Event):
+    """A pending message was removed without being delivered (``remove``, ``cancel``)."""
+
+    name: ClassVar[str] = "agent/inbox/discarded"
+    kind: ClassVar[Kind] = "control"
+    agent_id: str
+    list: Literal["next-turn", "next-step"]
+    message: InboxMessage
+    outcome: str = "canceled"
+
+
+@attrs.frozen(slots=True)
+class InboxClaimed(Event):
+    """A pending message was claimed by the driver for ``turn``."""
+
+    name: ClassVar[str] = "agent/inbox/claimed"
+    kind: ClassVar[Kind] = "control"
+    agent_id: str
+    message: InboxMessage
+    turn: int
+
+
+@attrs.frozen(slots=True)
+class LlmRetry(Event):
+    """A failed model call will be retried after ``delay`` seconds."""
+
+    name: ClassVar[str] = "llm/retry"
+    kind: ClassVar[Kind] = "control"
+    agent_id: str
+    attempt: int
+    delay: float
+    error: ProviderError = attrs.field(eq=False)
+
+
+@attrs.frozen(slots=True)
+class PluginFailed(Event):
+    """A plugin raised; it was unloaded and the runtime kept running."""
+
+    name: ClassVar[str] = "plugin/failed"
+    kind: ClassVar[Kind] = "control"
+    plugin: str
+    error: BaseException = attrs.field(eq=False)
+
+
+@attrs.frozen(slots=True)
+class SettingChanged(Event):
+    """A setting was written."""
+
+    name: ClassVar[str] = "settings/changed"
+    kind: ClassVar[Kind] = "control"
+    key: str
+    value: Any
+
+
+# --- hooks ----------------------------------------------------------------------------------
+
+
+@attrs.frozen(slots=True)
+class AgentPreStep(Event):
+    """Before a step: ``messages`` are the claimed messages entering it.
+
+    Return :class:`Reject` to end the turn with reason ``rejected`` and no model call.
+    """
+
+    name: ClassVar[str] = "agent/pre-step"
+    kind: ClassVar[Kind] = "hook"
+    mode: ClassVar[Mode] = "decision"
+    agent_id: str
+    turn: int
+    step: int
+    messages: tuple[InboxMessage, ...]
+
+
+@attrs.frozen(slots=True)
+class AgentRequest(Event):
+    """Before a model call: return a new ``config`` (``attrs.evolve``) or ``None``."""
+
+    name: ClassVar[str] = "agent/request"
+    kind: ClassVar[Kind] = "hook"
+    mode: ClassVar[Mode] = "waterfall"
+    waterfall_field: ClassVar[str | None] = "config"
+    agent_id: str
+    turn: int
+    step: int
+    config: CallConfig
+    system: str
+    tools: tuple[ToolSpec, ...]
+    messages: Sequence[Message]
+
+
+@attrs.frozen(slots=True)
+class AgentRequestError(Event):
+    """A model call failed. Return :class:`Retry` to make it again; otherwise the turn ends."""
+
+    name: ClassVar[str] = "agent/request-error"
+    kind: ClassVar[Kind] = "hook"
+    mode: ClassVar[Mode] = "decision"
+    agent_id: str
+    turn: int
+    step: int
+    attempt: int
+    config: CallConfig
+    error: ProviderError = attrs.field(eq=False)
+
+
+@attrs.frozen(slots=True)
+class AgentStepResult(Event):
+    """A model call finished (its anchor is in the log); tools have not run yet."""
+
+    name: ClassVar[str] = "agent/step-result"
+    kind: ClassVar[Kind] = "hook"
+    agent_id: str
+    turn: int
+    step: int
+    finish_reason: str
+    text: str
+    tool_calls: tuple[ToolCall, ...]
+
+
+@attrs.frozen(slots=True)
+class AgentTurnContinuation(Event):
+    """After a step: whether the turn goes on. Return a bool to override the proposal."""
+
+    name: ClassVar[str] = "agent/turn-continuation"
+    kind: ClassVar[Kind] = "hook"
+    mode: ClassVar[Mode] = "waterfall"
+    waterfall_field: ClassVar[str | None] = "proceed"
+    agent_id: str
+    turn: int
+    step: int
+    proceed: bool
+
+
+@attrs.frozen(slots=True)
+class AgentTurnEnd(Event):
+    """A turn closed (``turn/end`` is in the log and flushed)."""
+
+    name: ClassVar[str] = "agent/turn-end"
+    kind: ClassVar[Kind] = "hook"
+    agent_id: str
+    turn: int
+    reason: str
+
+
+@attrs.frozen(slots=True)
+class LlmStream(Event):
+    """Before dispatch: a handler may serve the call itself by returning a stream of parts.
+
+    Useful for caching and tests; it also serves routes that have no registered adapter.
+    """
+
+    name: ClassVar[str] = "llm/stream"
+    kind: ClassVar[Kind] = "hook"
+    mode: ClassVar[Mode] = "decision"
+    agent_id: str
+    request: LLMRequest
+    has_adapter: bool
+
+
+@attrs.frozen(slots=True)
+class ToolPreExecute(Event):
+    """Before a call runs: return :class:`Deny`, :class:`Ask` or ``None``."""
+
+    name: ClassVar[str] = "tools/pre-execute"
+    kind: ClassVar[Kind] = "hook"
+    mode: ClassVar[Mode] = "decision"
+    agent_id: str
+    call: ToolCall
+    tool: ToolSpec
+
+
+@attrs.frozen(slots=True)
+class ToolApproval(Event):
+    """A pre-execute handler asked: return :class:`Allow` or :class:`Deny`."""
+
+    name: ClassVar[str] = "tools/approval"
+    kind: ClassVar[Kind] = "hook"
+    mode: ClassVar[Mode] = "decision"
+    agent_id: str
+    call: ToolCall
+    prompt: str
+
+
+@attrs.frozen(slots=True)
+class ToolExecute(Event):
+    """Dispatch: a handler may run the call itself (a sandbox, a cache) by returning a result."""
+
+    name: ClassVar[str] = "tools/execute"
+    kind: ClassVar[Kind] = "hook"
+    mode: ClassVar[Mode] = "decision"
+    agent_id: str
+    call: ToolCall
+    arguments: FrozenDict
+
+
+@attrs.frozen(slots=True)
+class ToolPostExecute(Event):
+    """After a call: return a replacement :class:`ToolResult` or ``None``."""
+
+    name: ClassVar[str] = "tools/post-execute"
+    kind: ClassVar[Kind] = "hook"
+    mode: ClassVar[Mode] = "waterfall"
+    waterfall_field: ClassVar[str | None] = "result"
+    agent_id: str
+    call: ToolCall
+    result: ToolResult
+
+
+@attrs.frozen(slots=True)
+class ToolResultEvent(Event):
+    """A call's final result (after finalization), in the model's order."""
+
+    name: ClassVar[str] = "tools/result"
+    kind: ClassVar[Kind] = "hook"
+    agent_id: str
+    call: ToolCall
+    result: ToolResult
+
+
+ALL_EVENTS: tuple[type[Event], ...] = (
+    SessionEventAppended,
+    SessionFlush,
+    SessionCreated,
+    SessionDisposed,
+    AgentCreated,
+    AgentSessionStart,
+    AgentDisposed,
+    AgentStatus,
+    InboxSpliced,
+    InboxInserted,
+    InboxDiscarded,
+    InboxClaimed,
+    LlmRetry,
+    PluginFailed,
+    SettingChanged,
+    AgentPreStep,
+    AgentRequest,
+    AgentRequestError,
+    AgentStepResult,
+    AgentTurnContinuation,
+    AgentTurnEnd,
+    LlmStream,
+    ToolPreExecute,
+    ToolApproval,
+    ToolExecute,
+    ToolPostExecute,
+    ToolResultEvent,
+)

@@ -1,0 +1,72 @@
+"""Runtime settings: validated at the write, observable, applied without restart."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ._bus import EventBus
+from ._errors import SettingsError
+from ._events import SettingChanged
+
+__all__ = ["Settings", "MAX_PARALLEL_TOOL_CALLS"]
+
+MAX_PARALLEL_TOOL_CALLS = "agent-loop.max_parallel_tool_calls"
+
+
+def _positive_int(key: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise SettingsError(f"{key}: must be a positive integer, got {value!r}")
+    return value
+
+
+_SCHEMA: dict[str, tuple[Callable[[str, object], Any], Any]] = {
+    MAX_PARALLEL_TOOL_CALLS: (_positive_int, 10),
+}
+
+
+class Settings:
+    """``ctx.settings``: typed keys with defaults; a bad write raises and changes nothing.
+
+    Known keys: ``agent-loop.max_parallel_tool_calls`` (positive int, default 10), read by
+    each agent at the start of every tool group, so a write applies to the next group.
+    """
+
+    def __init__(self, bus: EventBus, initial: Mapping[str, Any] | None = None) -> None:
+        self._bus = bus
+        self._values: dict[str, Any] = {key: default for key, (_, default) in _SCHEMA.items()}
+        for key, value in (initial or {}).items():
+            self.set(key, value)
+
+    def get(self, key: str) -> Any:
+        """The current value of ``key``; unknown keys raise ``SettingsError``."""
+        try:
+            return self._values[key]
+        except KeyError:
+            raise SettingsError(f"unknown setting {key!r}") from None
+
+    def set(self, key: str, value: object) -> None:
+        """Validate and store ``value``; emits ``settings/changed``."""
+        try:
+            check, _ = _SCHEMA[key]
+        except KeyError:
+            known = ", ".join(sorted(_SCHEMA))
+            raise SettingsError(f"unknown setting {key!r} (known: {known})") from None
+        self._values[key] = check(key, value)
+        if self._bus.has_listeners(SettingChanged):
+            self._bus.emit_nowait(SettingChanged(key, self._values[key]))
+
+    def snapshot(self) -> dict[str, Any]:
+        return dict(self._values)
+
+
+def flatten_settings(tables: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"agent-loop": {"max_parallel_tool_calls": 4}}`` -> ``{"agent-loop.max_...": 4}``."""
+    out: dict[str, Any] = {}
+    for key, value in tables.items():
+        path = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, Mapping):
+            out.update(flatten_settings(value, path))
+        else:
+            out[path] = value
+    return out

@@ -1,0 +1,242 @@
+"""Tool definitions and the registry behind ``ctx.tools``."""
+
+from __future__ import annotations
+
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Literal, TypeAlias
+
+import attrs
+
+from ._bus import Disposer
+from ._errors import ToolDefinitionError
+from ._json import FrozenDict, freeze
+from ._model import Content, ToolCall, ToolSpec
+
+__all__ = ["Tool", "ToolRegistry", "Concurrency", "Policy", "truncate_content"]
+
+Concurrency: TypeAlias = Literal["exclusive", "parallel"]
+Policy: TypeAlias = Callable[[ToolCall, "Tool"], Any]
+"""A guard: ``policy(call, tool)`` returns ``Deny(reason)`` to refuse a call, else ``None``."""
+
+_CONCURRENCY = ("exclusive", "parallel")
+
+
+def _check_concurrency(_: object, __: object, value: object) -> None:
+    if value not in _CONCURRENCY:
+        raise ToolDefinitionError(f"concurrency must be 'exclusive' or 'parallel', got {value!r}")
+
+
+def truncate_content(limit: int) -> Callable[[Content], Content]:
+    """A ``finalize_content`` that cuts text results over ``limit`` characters, saying so."""
+
+    def finalize(content: Content) -> Content:
+        if isinstance(content, str) and len(content) > limit:
+            dropped = len(content) - limit
+            return f"{content[:limit]}\n[... truncated {dropped} characters]"
+        return content
+
+    return finalize
+
+
+@attrs.frozen(slots=True, kw_only=False)
+class Tool:
+    """A tool the model can call.
+
+    Args:
+        name: what the model calls it.
+        description: what it does, for the model.
+        parameters: the JSON schema of its arguments (an object schema).
+        run: ``async def run(**arguments)``; its return value becomes the result content
+            (a string, or JSON that is rendered as text). Raising gives an error result.
+        concurrency: ``"exclusive"`` (a barrier in its step) or ``"parallel"``.
+        classify: ``classify(arguments) -> "exclusive" | "parallel"``, decided per call
+            right before it starts; overrides ``concurrency``.
+        timeout: seconds before the call is abandoned with a ``TIMEOUT`` error result.
+        finalize_content: maps the result content before it is logged (e.g. truncation).
+    """
+
+    name: str
+    description: str
+    parameters: FrozenDict = attrs.field(converter=lambda v: freeze(v))  # type: ignore[misc]
+    run: Callable[..., Awaitable[Any]]
+    concurrency: Concurrency = attrs.field(default="exclusive", validator=_check_concurrency)
+    classify: Callable[[Mapping[str, Any]], Concurrency] | None = None
+    timeout: float | None = None
+    finalize_content: Callable[[Content], Content] | None = None
+    to_kwargs: Callable[[Mapping[str, Any]], dict[str, Any]] | None = attrs.field(
+        default=None, repr=False
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ToolDefinitionError(f"tool name must be a non-empty string, got {self.name!r}")
+        if self.parameters.get("type", "object") != "object":
+            raise ToolDefinitionError(
+                f"tool {self.name!r}: parameters must be an object schema, "
+                f"got type {self.parameters.get('type')!r}"
+            )
+
+    @property
+    def spec(self) -> ToolSpec:
+        return ToolSpec(self.name, self.description, self.parameters)
+
+    def mode_for(self, arguments: Mapping[str, Any]) -> Concurrency:
+        if self.classify is None:
+            return self.concurrency
+        mode = self.classify(arguments)
+        if mode not in _CONCURRENCY:
+            raise ToolDefinitionError(
+                f"tool {self.name!r}: classify returned {mode!r}, not 'exclusive' or 'parallel'"
+            )
+        return mode
+
+
+def tool_from_function(
+    fn: Callable[..., Awaitable[Any]],
+    *,
+    name: str | None = None,
+    concurrency: Concurrency = "exclusive",
+    classify: Callable[[Mapping[str, Any]], Concurrency] | None = None,
+    timeout: float | None = None,
+    finalize_content: Callable[[Content], Content] | None = None,
+) -> Tool:
+    from ._schema import describe_function
+
+    import inspect
+
+    if not inspect.iscoroutinefunction(fn):
+        raise ToolDefinitionError(f"tool {getattr(fn, '__name__', fn)!r} must be an async def")
+    described = describe_function(fn)
+    return Tool(
+        name or described.name,
+        described.description,
+        described.parameters,
+        fn,
+        concurrency=concurrency,
+        classify=classify,
+        timeout=timeout,
+        finalize_content=finalize_content,
+        to_kwargs=described.to_call_kwargs,
+    )
+
+
+@attrs.define(eq=False, slots=True)
+class _Entry:
+    tool: Tool
+    agent_id: str | None
+
+
+class ToolRegistry:
+    """Every registered tool, global or per agent; the latest registration of a name wins."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, list[_Entry]] = {}
+        self._guards: list[tuple[str | None, Policy]] = []
+        self.version = 0
+
+    def register(self, tool: Tool, *, agent_id: str | None = None) -> Disposer:
+        if not isinstance(tool, Tool):
+            raise TypeError(f"expected an agentloop.Tool, got {tool!r}")
+        entry = _Entry(tool, agent_id)
+        self._entries.setdefault(tool.name, []).append(entry)
+        self.version += 1
+
+        def dispose() -> None:
+            entries = self._entries.get(tool.name)
+            if entries and entry in entries:
+                entries.remove(entry)
+                if not entries:
+                    del self._entries[tool.name]
+                self.version += 1
+
+        return Disposer(dispose)
+
+    def add_guard(self, policy: Policy, *, agent_id: str | None = None) -> Disposer:
+        item = (agent_id, policy)
+        self._guards.append(item)
+
+        def dispose() -> None:
+            if item in self._guards:
+                self._guards.remove(item)
+
+        return Disposer(dispose)
+
+    def guards_for(self, agent_id: str) -> list[Policy]:
+        return [p for owner, p in self._guards if owner is None or owner == agent_id]
+
+    def lookup(self, name: str, agent_id: str) -> Tool | None:
+        entries = self._entries.get(name)
+        if not entries:
+            return None
+        for entry in reversed(entries):
+            if entry.agent_id == agent_id:
+                return entry.tool
+        for entry in reversed(entries):
+            if entry.agent_id is None:
+                return entry.tool
+        return None
+
+    def visible(self, agent_id: str) -> tuple[Tool, ...]:
+        """The tools an agent sees, sorted by name so requests serialize deterministically."""
+        out = []
+        for name in sorted(self._entries):
+            found = self.lookup(name, agent_id)
+            if found is not None:
+                out.append(found)
+        return tuple(out)
+
+
+class ToolsFacade:
+    """``ctx.tools``: registrations made here are undone when the scope closes."""
+
+    def __init__(self, registry: ToolRegistry, track: Callable[[Disposer], Disposer],
+                 agent_id: str | None) -> None:
+        self._registry = registry
+        self._track = track
+        self._agent_id = agent_id
+
+    def register(self, tool: Tool) -> Disposer:
+        """Register ``tool`` (for this agent only, when called from an agent's setup)."""
+        return self._track(self._registry.register(tool, agent_id=self._agent_id))
+
+    def tool(
+        self,
+        fn: Callable[..., Awaitable[Any]] | None = None,
+        *,
+        name: str | None = None,
+        concurrency: Concurrency = "exclusive",
+        classify: Callable[[Mapping[str, Any]], Concurrency] | None = None,
+        timeout: float | None = None,
+        finalize_content: Callable[[Content], Content] | None = None,
+    ) -> Any:
+        """Decorator: turn an annotated, documented ``async def`` into a registered tool."""
+        if concurrency not in _CONCURRENCY:
+            raise ToolDefinitionError(
+                f"concurrency must be 'exclusive' or 'parallel', got {concurrency!r}"
+            )
+
+        def decorate(f: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+            tool = tool_from_function(
+                f, name=name, concurrency=concurrency, classify=classify, timeout=timeout,
+                finalize_content=finalize_content,
+            )
+            self.register(tool)
+            return f
+
+        if fn is not None:
+            return decorate(fn)
+        return decorate
+
+    def guard(self, policy: Policy) -> Disposer:
+        """Add an owner policy. Guards only accumulate: a nested scope can tighten, never loosen."""
+        return self._track(self._registry.add_guard(policy, agent_id=self._agent_id))
+
+    def get(self, name: str) -> Tool | None:
+        return self._registry.lookup(name, self._agent_id or "")
+
+    def list(self) -> list[Tool]:
+        return list(self._registry.visible(self._agent_id or ""))
+
+
+

@@ -1,0 +1,200 @@
+"""Test doubles for model providers, usable without any network.
+
+``ScriptedModel`` plays back canned replies; ``FunctionModel`` streams whatever a function
+yields. Both are adapters (register them with ``ctx.llm.register(name, model)``) and record
+every request they receive in ``.requests``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from ._errors import ProviderError
+from ._model import (
+    Finish,
+    LLMRequest,
+    ReasoningDelta,
+    StreamPart,
+    TextDelta,
+    ToolCallDelta,
+)
+from .llm._base import AdapterDefaults
+
+__all__ = [
+    "ScriptedModel",
+    "FunctionModel",
+    "Reply",
+    "reply",
+    "TextDelta",
+    "ReasoningDelta",
+    "ToolCallDelta",
+    "Finish",
+    "ProviderError",
+]
+
+_WORDS = re.compile(r"\S+\s*|\s+")
+
+
+@attrs.frozen(slots=True)
+class Reply:
+    """One scripted model reply (build it with :func:`reply`)."""
+
+    text: str | None
+    reasoning: str | None
+    tool_calls: tuple[tuple[str, Mapping[str, Any] | str, str | None], ...]
+    finish: str
+    usage: Mapping[str, Any] | None
+    chunk_size: int | None
+    error: ProviderError | None = None
+
+
+def reply(
+    text: str | None = None,
+    *,
+    reasoning: str | None = None,
+    tool_calls: Iterable[Sequence[Any]] = (),
+    finish: str | None = None,
+    usage: Mapping[str, Any] | None = None,
+    chunk_size: int | None = None,
+) -> Reply:
+    """A scripted reply.
+
+    Args:
+        text: the visible text, streamed one word per chunk (or ``chunk_size`` characters).
+        reasoning: reasoning text, streamed before the text.
+        tool_calls: ``(name, arguments)`` or ``(name, arguments, call_id)``; arguments is a
+            dict, or a raw string to simulate malformed model output.
+        finish: ``"stop"``, ``"tool_calls"`` or ``"max_tokens"``; defaults to ``"tool_calls"``
+            when there are tool calls, else ``"stop"``.
+        usage: token counters reported with the finish.
+        chunk_size: characters per text chunk.
+    """
+    calls = []
+    for call in tool_calls:
+        if len(call) == 2:
+            name, arguments = call
+            call_id = None
+        elif len(call) == 3:
+            name, arguments, call_id = call
+        else:
+            raise ValueError(f"a tool call is (name, arguments[, call_id]), got {call!r}")
+        calls.append((name, arguments, call_id))
+    if chunk_size is not None and chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size!r}")
+    return Reply(
+        text, reasoning, tuple(calls), finish or ("tool_calls" if calls else "stop"), usage,
+        chunk_size,
+    )
+
+
+def fail(error: ProviderError) -> Reply:
+    """A scripted reply that fails the call with ``error`` before any part is streamed."""
+    return Reply(None, None, (), "error", None, None, error)
+
+
+def _chunks(text: str, size: int | None) -> list[str]:
+    if size is None:
+        return _WORDS.findall(text)
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def _render_arguments(arguments: Mapping[str, Any] | str) -> str:
+    import json
+
+    return arguments if isinstance(arguments, str) else json.dumps(arguments)
+
+
+class ScriptedModel:
+    """An adapter that answers each call with the next scripted :class:`Reply`.
+
+    Replies may also be plain strings (text replies) or ``ProviderError`` instances (a failed
+    call). Running out of replies fails the call with a ``ProviderError`` that says so.
+    """
+
+    def __init__(
+        self,
+        replies: Iterable[Reply | str | ProviderError] = (),
+        *,
+        defaults: AdapterDefaults | None = None,
+    ) -> None:
+        self._replies: list[Reply | str | ProviderError] = list(replies)
+        self.requests: list[LLMRequest] = []
+        if defaults is not None:
+            self.defaults = defaults
+
+    def add(self, *replies: Reply | str | ProviderError) -> None:
+        """Append more replies to the script."""
+        self._replies.extend(replies)
+
+    @property
+    def remaining(self) -> int:
+        return len(self._replies)
+
+    def stream(self, request: LLMRequest) -> AsyncIterator[StreamPart]:
+        self.requests.append(request)
+        if not self._replies:
+            return _raise(ProviderError(
+                f"ScriptedModel has no reply left for call {len(self.requests)}",
+                code="script_exhausted",
+            ))
+        item = self._replies.pop(0)
+        if isinstance(item, ProviderError):
+            return _raise(item)
+        if isinstance(item, str):
+            item = reply(item)
+        if item.error is not None:
+            return _raise(item.error)
+        return _play(item)
+
+
+async def _raise(error: ProviderError) -> AsyncIterator[StreamPart]:
+    await trio.lowlevel.checkpoint()
+    raise error
+    yield  # pragma: no cover - makes this an async generator
+
+
+async def _play(r: Reply) -> AsyncIterator[StreamPart]:
+    if r.reasoning:
+        for piece in _chunks(r.reasoning, r.chunk_size):
+            await trio.lowlevel.checkpoint()
+            yield ReasoningDelta(piece)
+    if r.text:
+        for piece in _chunks(r.text, r.chunk_size):
+            await trio.lowlevel.checkpoint()
+            yield TextDelta(piece)
+    for index, (name, arguments, call_id) in enumerate(r.tool_calls):
+        await trio.lowlevel.checkpoint()
+        yield ToolCallDelta(
+            index, id=call_id or f"call_{index + 1}", name=name,
+            arguments=_render_arguments(arguments),
+        )
+    await trio.lowlevel.checkpoint()
+    yield Finish(r.finish, r.usage)
+
+
+class FunctionModel:
+    """An adapter backed by ``fn(request) -> AsyncIterator[part]``.
+
+    ``fn`` may be an async generator function; raising ``ProviderError`` inside it is a
+    provider failure.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[[LLMRequest], AsyncIterator[StreamPart]],
+        *,
+        defaults: AdapterDefaults | None = None,
+    ) -> None:
+        self._fn = fn
+        self.requests: list[LLMRequest] = []
+        if defaults is not None:
+            self.defaults = defaults
+
+    def stream(self, request: LLMRequest) -> AsyncIterator[StreamPart]:
+        self.requests.append(request)
+        return self._fn(request)

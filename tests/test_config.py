@@ -1,0 +1,251 @@
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from agentloop._config import (
+    AgentConfig,
+    Config,
+    PersistenceConfig,
+    ProviderConfig,
+    load_config,
+    to_mapping,
+)
+from agentloop._errors import ConfigError
+from agentloop._json import FrozenDict
+
+TOML = """
+plugins = ["retry", "sqlite"]
+system_prompt = "You are terse."
+
+[[agents]]
+id = "main"
+provider = "oa"
+model = "gpt-x"
+max_tokens = 512
+reasoning_effort = "low"
+
+[[agents]]
+id = "helper"
+resume_session_id = "old"
+
+[providers.oa]
+kind = "openai"
+base_url = "https://api.example/v1"
+api_key_env = "OA_KEY"
+headers = { "X-Team" = "core" }
+
+[persistence]
+backend = "sqlite"
+path = "sessions.db"
+
+[settings."agent-loop"]
+max_parallel_tool_calls = 4
+
+[retry]
+max_attempts = 3
+codes = [429, 503]
+
+[mcp.servers.fs]
+command = "mcp-fs"
+"""
+
+
+def _error(source: Any) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(source)
+    return str(info.value)
+
+
+def test_none_gives_defaults() -> None:
+    config = load_config(None)
+    assert config == Config()
+    assert config.agents == ()
+    assert config.persistence is None
+    assert config.section("retry") == {}
+
+
+def test_config_is_returned_as_is() -> None:
+    config = Config(plugins=("retry",))
+    assert load_config(config) is config
+
+
+def test_toml_file(tmp_path: Path) -> None:
+    path = tmp_path / "agentloop.toml"
+    path.write_text(TOML)
+    for source in (path, str(path)):
+        config = load_config(source)
+        assert config.plugins == ("retry", "sqlite")
+        assert config.system_prompt == "You are terse."
+        assert config.agents[0] == AgentConfig(
+            id="main", provider="oa", model="gpt-x", max_tokens=512, reasoning_effort="low"
+        )
+        assert config.agents[1].resume_session_id == "old"
+        provider = config.providers["oa"]
+        assert isinstance(provider, ProviderConfig)
+        assert provider.kind == "openai"
+        assert provider.headers == {"X-Team": "core"}
+        assert config.persistence == PersistenceConfig(backend="sqlite", path="sessions.db")
+        assert config.settings["agent-loop"]["max_parallel_tool_calls"] == 4
+        assert config.section("retry") == {"max_attempts": 3, "codes": (429, 503)}
+        assert config.section("mcp")["servers"]["fs"]["command"] == "mcp-fs"
+
+
+def test_mapping_matches_toml(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(TOML)
+    from_file = load_config(path)
+    assert load_config(to_mapping(from_file)) == from_file
+
+
+def test_sections_and_settings_are_frozen() -> None:
+    config = load_config({"retry": {"codes": [429]}, "settings": {"a": {"b": 1}}})
+    retry = config.section("retry")
+    assert isinstance(retry, FrozenDict)
+    assert retry["codes"] == (429,)
+    with pytest.raises(TypeError):
+        retry["codes"] = ()
+    with pytest.raises(TypeError):
+        config.settings["a"]["b"] = 2
+    with pytest.raises(TypeError):
+        config.providers["x"] = None
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        config.plugins = ()  # type: ignore[misc]
+
+
+def test_field_errors_are_all_reported_with_paths() -> None:
+    message = _error(
+        {
+            "agents": [{"id": "a", "max_tokens": 0}, {"id": "b", "provider": 3}],
+            "persistence": {"backend": "postgres", "path": "x"},
+        }
+    )
+    assert "agents[0].max_tokens: must be a positive integer, got 0" in message
+    assert "agents[1].provider: expected a string, got 3" in message
+    assert "persistence.backend: must be one of 'sqlite', got 'postgres'" in message
+    assert "$" not in message
+
+
+def test_unknown_key() -> None:
+    assert "agents[0]: unknown key 'modle'" in _error({"agents": [{"id": "a", "modle": "m"}]})
+    message = _error({"persistence": {"backend": "sqlite", "path": "p", "extra": 1}})
+    assert "persistence: unknown key 'extra'" in message
+
+
+def test_unknown_top_level_scalar_is_an_error() -> None:
+    message = _error({"plugins": [], "verbose": True})
+    assert "verbose: unknown top-level key" in message
+    assert "got True" in message
+
+
+@pytest.mark.parametrize(
+    ("agent", "expected"),
+    [
+        ({"id": ""}, "agents[0].id: must be a non-empty string, got ''"),
+        ({}, "agents[0].id: is required"),
+        ({"id": "a", "max_tokens": -1}, "agents[0].max_tokens: must be a positive integer, got -1"),
+        ({"id": "a", "max_tokens": True}, "agents[0].max_tokens: expected an integer, got True"),
+        ({"id": "a", "max_tokens": "3"}, "agents[0].max_tokens: expected an integer, got '3'"),
+        (
+            {"id": "a", "reasoning_effort": ""},
+            "agents[0].reasoning_effort: must be a non-empty string, got ''",
+        ),
+        (
+            {"id": "a", "session_id": "s", "resume_session_id": "r"},
+            "agents[0]: session_id and resume_session_id are mutually exclusive",
+        ),
+        ("main", "agents[0]: expected a table, got 'main'"),
+    ],
+)
+def test_agent_errors(agent: Any, expected: str) -> None:
+    assert expected in _error({"agents": [agent]})
+
+
+def test_direct_construction_is_validated() -> None:
+    with pytest.raises(ConfigError, match="max_tokens: must be a positive integer, got 0"):
+        AgentConfig(id="a", max_tokens=0)
+    with pytest.raises(ConfigError, match="mutually exclusive"):
+        AgentConfig(id="a", session_id="s", resume_session_id="r")
+    with pytest.raises(ConfigError, match="max_tokens"):
+        ProviderConfig(kind="openai", base_url="u", max_tokens=False)
+
+
+def test_duplicate_agent_ids_name_both_indices() -> None:
+    message = _error({"agents": [{"id": "a"}, {"id": "b"}, {"id": "a"}]})
+    assert "agents[2].id: duplicates agents[0].id, got 'a'" in message
+
+
+def test_collection_shapes() -> None:
+    message = _error({"plugins": "retry", "agents": {"id": "a"}, "settings": 3})
+    assert "plugins: expected an array, got 'retry'" in message
+    assert "agents: expected an array, got {'id': 'a'}" in message
+    assert "settings: expected a table, got 3" in message
+
+
+def test_provider_errors() -> None:
+    message = _error(
+        {"providers": {"oa": {"kind": "azure", "base_url": "u", "headers": {"X": 1}}, "x": 3}}
+    )
+    assert "providers.oa.kind: must be one of 'openai', 'anthropic', got 'azure'" in message
+    assert "providers.oa.headers.X: expected a string, got 1" in message
+    assert "providers.x: expected a table, got 3" in message
+    assert "providers.y.base_url: is required" in _error({"providers": {"y": {"kind": "openai"}}})
+
+
+def test_section_values_must_be_json() -> None:
+    message = _error({"retry": {"when": datetime.date(2024, 1, 1), "ok": 1}})
+    assert "retry.when: date is not JSON-representable" in message
+    message = _error({"settings": {"agent-loop": {"x": float("nan")}}})
+    assert "settings.agent-loop.x: nan is not a finite number" in message
+
+
+def test_api_key_not_in_repr_or_mapping() -> None:
+    config = load_config(
+        {"providers": {"a": {"kind": "anthropic", "base_url": "u", "api_key": "sk-SECRET"}}}
+    )
+    provider = config.providers["a"]
+    assert provider.api_key == "sk-SECRET"
+    assert "sk-SECRET" not in repr(provider)
+    assert "sk-SECRET" not in repr(config)
+    assert "api_key" not in to_mapping(config)["providers"]["a"]
+    assert to_mapping(config) == {"providers": {"a": {"kind": "anthropic", "base_url": "u"}}}
+
+
+def test_resolve_api_key() -> None:
+    explicit = ProviderConfig(kind="openai", base_url="u", api_key="k1", api_key_env="KEY")
+    from_env = ProviderConfig(kind="openai", base_url="u", api_key_env="KEY")
+    assert explicit.resolve_api_key({"KEY": "k2"}) == "k1"
+    assert from_env.resolve_api_key({"KEY": "k2"}) == "k2"
+    assert from_env.resolve_api_key({}) is None
+    assert ProviderConfig(kind="openai", base_url="u").resolve_api_key({"KEY": "k"}) is None
+
+
+def test_missing_file_names_the_path(tmp_path: Path) -> None:
+    missing = tmp_path / "absent.toml"
+    assert str(missing) in _error(str(missing))
+    # a str is always a path, never inline TOML
+    assert "config file not found" in _error('plugins = ["retry"]')
+
+
+def test_toml_syntax_error_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text('plugins = []\n[[agents]]\nid = "a"\nmax_tokens = = 3\n')
+    message = _error(path)
+    assert str(path) in message
+    assert "line 4" in message
+
+
+def test_toml_validation_error_names_file(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[[agents]]\nid = "a"\nmax_tokens = 0\n')
+    message = _error(path)
+    assert str(path) in message
+    assert "agents[0].max_tokens: must be a positive integer, got 0" in message
+
+
+def test_other_sources_are_rejected() -> None:
+    assert "got 42" in _error(42)
