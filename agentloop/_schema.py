@@ -1,0 +1,610 @@
+"""JSON schemas for tool functions, and checking a model's arguments against them.
+
+:func:`describe_function` reads a function's signature, type hints and docstring into a
+:class:`FunctionDescription`. :func:`parse_arguments` and :func:`validate_arguments` turn a
+model's raw output into problems worded so that the model can fix its call, and
+:meth:`FunctionDescription.to_call_kwargs` rebuilds the Python values (enum members, attrs
+instances, tuples) the function expects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import inspect
+import json
+import re
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from typing import Annotated, Any, Literal, NoReturn, Union, get_args, get_origin
+
+import attrs
+
+from ._errors import InvalidContent, ToolDefinitionError
+from ._json import FrozenDict, freeze
+
+__all__ = [
+    "FunctionDescription",
+    "describe_function",
+    "parse_arguments",
+    "validate_arguments",
+    "coerce_arguments",
+]
+
+_NONE = type(None)
+_MISSING = object()  # no annotation
+_PRIMITIVES: dict[object, str] = {
+    bool: "boolean", int: "integer", float: "number", str: "string", _NONE: "null", None: "null",
+}  # fmt: skip
+_SCALAR_KINDS = frozenset({"boolean", "integer", "number", "string", "null"})
+# bool before int: True is an int to isinstance, but a boolean to JSON.
+_KINDS: tuple[tuple[type | tuple[type, ...], str], ...] = (
+    (bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), (_NONE, "null"),
+    (Mapping, "object"), ((list, tuple), "array"),
+)  # fmt: skip
+
+
+@attrs.frozen
+class FunctionDescription:
+    """What a model needs to call a function, and how to turn its JSON back into arguments.
+
+    Attributes:
+        name: the function's ``__name__``.
+        description: the docstring's text before its parameter section; ``""`` without one.
+        parameters: the JSON schema of the arguments object.
+    """
+
+    name: str
+    description: str
+    parameters: FrozenDict
+    _hints: Mapping[str, Any] = attrs.field(factory=dict, eq=False, repr=False)
+
+    def to_call_kwargs(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """Keyword arguments for the function from arguments that passed validation."""
+        return coerce_arguments(self, arguments)
+
+
+# --- schemas ---------------------------------------------------------------------------
+
+
+class _Unsupported(Exception):  # noqa: N818 - internal signal, never escapes
+    """A type has no JSON schema; :func:`describe_function` adds the function and parameter."""
+
+
+def describe_function(fn: Callable[..., Any]) -> FunctionDescription:
+    """Describe ``fn`` as a tool: its name, docstring text and the JSON schema of its parameters.
+
+    Raises:
+        ToolDefinitionError: a parameter has no annotation or one without a JSON schema, is
+            variadic or positional-only; the message names the function and the parameter.
+    """
+    name: str = getattr(fn, "__name__", type(fn).__name__)
+    where = f"cannot describe {name}()"
+    try:
+        signature = inspect.signature(fn)
+        # A callable instance keeps its annotations on ``__call__``.
+        source = fn if inspect.isroutine(fn) or inspect.isclass(fn) else type(fn).__call__
+        hints = typing.get_type_hints(source, include_extras=True)
+    except NameError as exc:
+        names = getattr(source, "__annotations__", {})
+        bad = [f"{k!r} ({v})" for k, v in names.items() if exc.name and exc.name in str(v)]
+        culprit = ", ".join(bad) or "a parameter"
+        raise ToolDefinitionError(
+            f"{where}: cannot resolve the annotation of {culprit}: {exc}"
+        ) from exc
+    except (TypeError, ValueError) as exc:
+        raise ToolDefinitionError(f"{where}: {exc}") from exc
+    for param in signature.parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
+            raise ToolDefinitionError(
+                f"{where}: parameter {param.name!r} is {param.kind.description}; "
+                "a tool takes named JSON fields only"
+            )
+    summary, docs = _parse_docstring(inspect.getdoc(fn) or "")
+    fields = [
+        (p.name, hints.get(p.name, _MISSING), attrs.NOTHING if p.default is p.empty else p.default)
+        for p in signature.parameters.values()
+    ]
+    try:
+        parameters = freeze(_object_schema(fields, docs, frozenset(), "parameter"))
+    except _Unsupported as exc:
+        raise ToolDefinitionError(f"{where}: {exc}") from None
+    assert isinstance(parameters, FrozenDict)
+    return FunctionDescription(
+        name=name,
+        description=summary,
+        parameters=parameters,
+        hints={key: hints[key] for key in signature.parameters},
+    )
+
+
+def _object_schema(
+    fields: list[tuple[str, Any, object]],
+    docs: Mapping[str, str],
+    active: frozenset[type],
+    what: str,
+) -> dict[str, Any]:
+    """The schema of an object with these ``(name, annotation, default)`` fields."""
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for name, tp, default in fields:
+        if tp is _MISSING:
+            raise _Unsupported(f"{what} {name!r} has no annotation")
+        try:
+            schema = properties[name] = _schema_for(tp, active)
+        except _Unsupported as exc:
+            raise _Unsupported(f"{what} {name!r}: {exc}") from None
+        if docs.get(name):
+            schema.setdefault("description", docs[name])
+        if default is attrs.NOTHING:
+            required.append(name)
+        else:
+            # A default the model cannot see (NaN, a factory, ...) still applies in Python.
+            with contextlib.suppress(InvalidContent, RecursionError):
+                schema["default"] = freeze(_to_json(default))
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": False,
+    }
+
+
+def _schema_for(tp: Any, active: frozenset[type] = frozenset()) -> dict[str, Any]:
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Annotated:
+        schema = _schema_for(args[0], active)
+        notes = [note for note in tp.__metadata__ if isinstance(note, str)]
+        if notes:
+            schema["description"] = " ".join(notes)
+        return schema
+    if tp is Any:
+        return {}
+    if tp is None or (isinstance(tp, type) and tp in _PRIMITIVES):
+        return {"type": _PRIMITIVES[tp]}
+    if origin is Literal:
+        return _enum_schema([_to_json(arg) for arg in args], tp)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return _enum_schema([member.value for member in tp], tp)
+    if origin is Union or origin is types.UnionType:
+        return _union_schema(args, active)
+    base = origin if origin is not None else tp
+    if base is tuple:
+        if not args:
+            return {"type": "array"}
+        if len(args) == 2 and args[1] is Ellipsis:
+            return {"type": "array", "items": _schema_for(args[0], active)}
+        items = [_schema_for(arg, active) for arg in args]
+        return {
+            "type": "array",
+            "prefixItems": items,
+            "minItems": len(items),
+            "maxItems": len(items),
+        }
+    if base in (list, Sequence):
+        return (
+            {"type": "array", "items": _schema_for(args[0], active)} if args else {"type": "array"}
+        )
+    if base in (dict, Mapping):
+        if not args:
+            return {"type": "object"}
+        if args[0] is not str:
+            raise _Unsupported(f"{_fmt(tp)} has keys that are not strings")
+        return {"type": "object", "additionalProperties": _schema_for(args[1], active)}
+    if isinstance(tp, type) and attrs.has(tp):
+        return _attrs_schema(tp, active)
+    raise _Unsupported(f"{_fmt(tp)} has no JSON schema")
+
+
+def _enum_schema(values: list[Any], tp: object) -> dict[str, Any]:
+    kinds: list[str] = []
+    for value in values:
+        kind = _kind(value)
+        if kind not in _SCALAR_KINDS:
+            raise _Unsupported(f"{_fmt(tp)} has the value {value!r}, which is not a JSON scalar")
+        if kind not in kinds:
+            kinds.append(kind)
+    return {"type": kinds[0] if len(kinds) == 1 else kinds, "enum": values}
+
+
+def _union_schema(args: tuple[Any, ...], active: frozenset[type]) -> dict[str, Any]:
+    nullable = _NONE in args
+    arms = [_schema_for(arg, active) for arg in args if arg is not _NONE]
+    if nullable and len(arms) == 1:
+        arm = arms[0]
+        if not arm:
+            return arm  # Any already admits null
+        if isinstance(arm.get("type"), str) and "enum" not in arm:
+            return {**arm, "type": [arm["type"], "null"]}
+    return {"anyOf": [*arms, {"type": "null"}] if nullable else arms}
+
+
+def _attrs_schema(cls: type, active: frozenset[type]) -> dict[str, Any]:
+    if cls in active:
+        raise _Unsupported(f"{cls.__qualname__} refers to itself")
+    try:
+        hints = typing.get_type_hints(cls, include_extras=True)
+    except NameError as exc:
+        raise _Unsupported(f"{cls.__qualname__}: {exc}") from None
+    _, docs = _parse_docstring(cls.__doc__ or "")
+    fields = [
+        (f.alias, hints.get(f.name, _MISSING), f.default) for f in attrs.fields(cls) if f.init
+    ]
+    docs = {f.alias: docs.get(f.name) or docs.get(f.alias, "") for f in attrs.fields(cls)}
+    return _object_schema(fields, docs, active | {cls}, f"{cls.__qualname__} field")
+
+
+def _to_json(value: object) -> Any:
+    if isinstance(value, enum.Enum):
+        return _to_json(value.value)
+    cls = type(value)
+    if attrs.has(cls):
+        fields = attrs.fields(cls)
+        return {f.alias: _to_json(getattr(value, f.name)) for f in fields if f.init}
+    if isinstance(value, Mapping):
+        return {key: _to_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_json(item) for item in value]
+    return value
+
+
+def _fmt(tp: object) -> str:
+    if isinstance(tp, type) and not get_args(tp):
+        return tp.__qualname__
+    return repr(tp).replace("typing.", "")
+
+
+# --- docstrings ------------------------------------------------------------------------
+
+_PARAM_SECTIONS = frozenset(
+    {"args", "arguments", "parameters", "params", "keyword args", "keyword arguments",
+     "other parameters", "attributes"}
+)  # fmt: skip
+_SECTIONS = _PARAM_SECTIONS | {
+    "returns", "return", "yields", "yield", "raises", "examples", "example", "note", "notes",
+    "warning", "warnings", "see also", "references", "todo",
+}  # fmt: skip
+_GOOGLE_HEADER = re.compile(r"([A-Za-z][A-Za-z ]*):\s*")
+_GOOGLE_ENTRY = re.compile(r"\*{0,2}(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)")
+_NUMPY_ENTRY = re.compile(r"(\*{0,2}\w+(?:\s*,\s*\*{0,2}\w+)*)\s*(?::.*)?")
+_SPHINX_FIELD = re.compile(r":\w+[^:]*:")
+_SPHINX_PARAM = re.compile(
+    r":(?:param|parameter|arg|argument|key|keyword)\s+(?:[^:]*\s)?\**(\w+)\s*:\s*(.*)"
+)
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """Split a docstring into its text before any section and per-parameter descriptions."""
+    lines = inspect.cleandoc(doc).expandtabs().splitlines()
+    found: dict[str, list[str]] = {}
+    body_end: int | None = None
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        header = _GOOGLE_HEADER.fullmatch(line)
+        if header and header[1].lower() in _SECTIONS:
+            end = _block_end(lines, i + 1)
+            if header[1].lower() in _PARAM_SECTIONS:
+                _read_entries(lines[i + 1 : end], _GOOGLE_ENTRY, found)
+        elif _is_numpy_header(lines, i):
+            end = i + 2
+            while end < len(lines) and not _is_numpy_header(lines, end):
+                end += 1
+            if line.strip().lower() in _PARAM_SECTIONS:
+                _read_entries(lines[i + 2 : end], _NUMPY_ENTRY, found)
+        elif _SPHINX_FIELD.match(line):
+            end = _block_end(lines, i + 1)
+            if entry := _SPHINX_PARAM.match(line):
+                found[entry[1]] = [entry[2], *(part.strip() for part in lines[i + 1 : end])]
+        else:
+            i += 1
+            continue
+        if body_end is None:
+            body_end = i
+        i = end
+    summary = "\n".join(lines[:body_end]).strip()
+    return summary, {name: " ".join(" ".join(parts).split()) for name, parts in found.items()}
+
+
+def _block_end(lines: list[str], start: int) -> int:
+    """The index of the first non-blank unindented line from ``start`` (or the end)."""
+    end = start
+    while end < len(lines) and (not lines[end].strip() or lines[end][0].isspace()):
+        end += 1
+    return end
+
+
+def _is_numpy_header(lines: list[str], i: int) -> bool:
+    return (
+        i + 1 < len(lines)
+        and bool(lines[i].strip())
+        and not lines[i][0].isspace()
+        and set(lines[i + 1].strip()) == {"-"}
+    )
+
+
+def _read_entries(block: list[str], entry: re.Pattern[str], found: dict[str, list[str]]) -> None:
+    """Read ``name: text`` entries; more-indented lines continue the entry above them."""
+    indent = min((len(line) - len(line.lstrip()) for line in block if line.strip()), default=0)
+    current: list[str] | None = None
+    for line in block:
+        if not line.strip():
+            continue
+        if len(line) - len(line.lstrip()) > indent:
+            if current is not None:
+                current.append(line.strip())
+            continue
+        match = entry.fullmatch(line.strip())
+        if match is None:
+            current = None
+            continue
+        # NumPy puts the type after the colon and the description below it.
+        current = [match[2]] if entry is _GOOGLE_ENTRY else []
+        for name in match[1].split(","):
+            found[name.strip().lstrip("*")] = current
+
+
+# --- validation ------------------------------------------------------------------------
+
+
+def validate_arguments(schema: Mapping[str, Any], arguments: object) -> list[str]:
+    """Check ``arguments`` against a JSON schema; return the problems, ``[]`` when valid.
+
+    Covers ``type``, ``enum``, ``const``, ``anyOf``, ``properties``, ``required``,
+    ``additionalProperties``, ``items``, ``prefixItems``, ``minItems``/``maxItems``,
+    ``minimum``/``maximum`` and ``minLength``/``maxLength``; other keywords are ignored.
+    Each problem names the path of the bad value and says what was expected, so that it can
+    be handed back to the model as is.
+    """
+    problems: list[str] = []
+    _check(schema, arguments, "", problems)
+    return problems
+
+
+def _check(schema: object, value: object, path: str, out: list[str]) -> None:
+    if isinstance(schema, bool):
+        if not schema:
+            out.append(_at(path, "no value is allowed here"))
+        return
+    if not isinstance(schema, Mapping):
+        return
+    if "type" in schema:
+        wanted = _types_of(schema)
+        if not any(_is_type(value, kind) for kind in wanted):
+            out.append(_at(path, f"expected {' or '.join(wanted)}, got {_show(value)}"))
+            return
+    if "enum" in schema and not any(_same(value, option) for option in schema["enum"]):
+        options = ", ".join(_literal(option) for option in schema["enum"])
+        out.append(_at(path, f"must be one of {options}, got {_literal(value)}"))
+        return
+    if "const" in schema and not _same(value, schema["const"]):
+        out.append(_at(path, f"must be {_literal(schema['const'])}, got {_literal(value)}"))
+        return
+    if "anyOf" in schema:
+        _check_any_of(schema["anyOf"], value, path, out)
+    if isinstance(value, Mapping):
+        _check_object(schema, value, path, out)
+    elif isinstance(value, (list, tuple)):
+        _check_array(schema, value, path, out)
+    elif isinstance(value, str):
+        if len(value) < schema.get("minLength", 0):
+            out.append(_at(path, f"must be at least {schema['minLength']} characters long"))
+        if "maxLength" in schema and len(value) > schema["maxLength"]:
+            out.append(_at(path, f"must be at most {schema['maxLength']} characters long"))
+    elif _is_type(value, "number"):
+        if "minimum" in schema and value < schema["minimum"]:
+            out.append(_at(path, f"must be at least {schema['minimum']}, got {value}"))
+        if "maximum" in schema and value > schema["maximum"]:
+            out.append(_at(path, f"must be at most {schema['maximum']}, got {value}"))
+
+
+def _check_any_of(branches: Sequence[Any], value: object, path: str, out: list[str]) -> None:
+    failures: list[tuple[object, list[str]]] = []
+    for branch in branches:
+        problems: list[str] = []
+        _check(branch, value, path, problems)
+        if not problems:
+            return
+        failures.append((branch, problems))
+    # The problems of a branch of the right type say the most about what to fix.
+    fitting = [problems for branch, problems in failures if _admits_type(branch, value)]
+    if fitting:
+        closest: list[str] = min(fitting, key=len)
+        out.extend(closest)
+    else:
+        wanted = dict.fromkeys(kind for branch, _ in failures for kind in _types_of(branch))
+        out.append(_at(path, f"expected {' or '.join(wanted)}, got {_show(value)}"))
+
+
+def _check_object(
+    schema: Mapping[str, Any], value: Mapping[Any, Any], path: str, out: list[str]
+) -> None:
+    properties: Mapping[str, Any] = schema.get("properties") or {}
+    out.extend(
+        f"{_join(path, name)}: missing required field"
+        for name in schema.get("required", ())
+        if name not in value
+    )
+    extra = schema.get("additionalProperties", True)
+    for key, item in value.items():
+        if key in properties:
+            _check(properties[key], item, _join(path, key), out)
+        elif extra is False:
+            allowed = ", ".join(properties) or "none"
+            out.append(_at(path, f"unexpected field {key!r} (allowed: {allowed})"))
+        else:
+            _check(extra, item, _join(path, key), out)
+
+
+def _check_array(
+    schema: Mapping[str, Any], value: Sequence[Any], path: str, out: list[str]
+) -> None:
+    prefix: Sequence[Any] = schema.get("prefixItems") or ()
+    items = schema.get("items")
+    if isinstance(items, (list, tuple)):  # the draft-07 spelling of prefixItems
+        prefix, items = items, schema.get("additionalItems")
+    if len(value) < schema.get("minItems", 0):
+        out.append(_at(path, f"expected at least {schema['minItems']} items, got {len(value)}"))
+    if "maxItems" in schema and len(value) > schema["maxItems"]:
+        out.append(_at(path, f"expected at most {schema['maxItems']} items, got {len(value)}"))
+    for index, item in enumerate(value):
+        sub = prefix[index] if index < len(prefix) else items
+        if sub is not None:
+            _check(sub, item, f"{path}[{index}]", out)
+
+
+def _types_of(schema: object) -> list[str]:
+    kinds = schema.get("type", []) if isinstance(schema, Mapping) else []
+    return [kinds] if isinstance(kinds, str) else list(kinds)
+
+
+def _admits_type(schema: object, value: object) -> bool:
+    if not isinstance(schema, Mapping):
+        return schema is True
+    return "type" not in schema or any(_is_type(value, kind) for kind in _types_of(schema))
+
+
+def _is_type(value: object, kind: str) -> bool:
+    if kind == "integer":
+        if isinstance(value, float):
+            return value.is_integer()
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return _kind(value) == kind
+
+
+def _kind(value: object) -> str:
+    for cls, kind in _KINDS:
+        if isinstance(value, cls):
+            return kind
+    return type(value).__name__
+
+
+def _same(value: object, option: object) -> bool:
+    # JSON keeps true and 1 apart; Python's == does not.
+    if isinstance(value, bool) or isinstance(option, bool):
+        return value is option
+    return value == option
+
+
+def _literal(value: object) -> str:
+    if isinstance(value, str):
+        return repr(value if len(value) <= 40 else value[:40] + "…")
+    if isinstance(value, (bool, type(None))):
+        return json.dumps(value)
+    if isinstance(value, (Mapping, list, tuple)):
+        text = json.dumps(value, default=repr)
+        return text if len(text) <= 60 else text[:60] + "…"
+    return repr(value)
+
+
+def _show(value: object) -> str:
+    kind = _kind(value)
+    return kind if kind in ("null", "object", "array") else f"{kind} {_literal(value)}"
+
+
+def _at(path: str, message: str) -> str:
+    return f"{path}: {message}" if path else message
+
+
+def _join(path: str, key: object) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+# --- parsing and coercion --------------------------------------------------------------
+
+
+def parse_arguments(raw: str | Mapping[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+    """Parse a model's raw arguments into an object: ``(arguments, None)`` or ``(None, problem)``.
+
+    A mapping is taken as already parsed; an empty or blank string means ``{}``. The problem
+    says where the JSON broke, or what came instead of an object.
+    """
+    if isinstance(raw, Mapping):
+        return dict(raw), None
+    if not raw.strip():
+        return {}, None
+    try:
+        value = json.loads(raw, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as exc:
+        where = f"line {exc.lineno} column {exc.colno} (char {exc.pos})"
+        return None, f"arguments are not valid JSON: {exc.msg} at {where}"
+    except (ValueError, RecursionError) as exc:
+        return None, f"arguments are not valid JSON: {exc}"
+    if not isinstance(value, dict):
+        return None, f"arguments must be a JSON object, got {_show(value)}"
+    return value, None
+
+
+def _refuse_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def coerce_arguments(
+    fn_description_or_hints: FunctionDescription | Mapping[str, Any],
+    arguments: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Turn validated JSON arguments into the Python values a function expects.
+
+    Enum values become members, objects become attrs instances, arrays become tuples where
+    the annotation says tuple (and lists where it says list); other values are left alone.
+    ``fn_description_or_hints`` is a :class:`FunctionDescription` or a mapping of parameter
+    names to annotations.
+    """
+    hints = (
+        fn_description_or_hints._hints
+        if isinstance(fn_description_or_hints, FunctionDescription)
+        else fn_description_or_hints
+    )
+    return {
+        key: _coerce(hints[key], value) if key in hints else value
+        for key, value in arguments.items()
+    }
+
+
+def _coerce(tp: Any, value: Any) -> Any:
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Annotated:
+        return _coerce(args[0], value)
+    if value is None:
+        return None
+    if origin is Union or origin is types.UnionType:
+        arms = [arg for arg in args if arg is not _NONE]
+        arm = next((arm for arm in arms if len(arms) == 1 or _fits(arm, value)), None)
+        return value if arm is None else _coerce(arm, value)
+    if origin is Literal:
+        return next((arg for arg in args if _same(_to_json(arg), value)), value)
+    if isinstance(tp, type):
+        if issubclass(tp, enum.Enum):
+            try:
+                return tp(value)
+            except ValueError:
+                return value
+        if attrs.has(tp) and isinstance(value, Mapping):
+            hints = typing.get_type_hints(tp, include_extras=True)
+            fields = [f for f in attrs.fields(tp) if f.init and f.alias in value]
+            return tp(**{f.alias: _coerce(hints.get(f.name, Any), value[f.alias]) for f in fields})
+        if tp is int and isinstance(value, float) and value.is_integer():
+            return int(value)
+    base = origin if origin is not None else tp
+    if isinstance(value, (list, tuple)):
+        if base is tuple:
+            if len(args) == 2 and args[1] is Ellipsis:
+                return tuple(_coerce(args[0], item) for item in value)
+            if len(args) == len(value):
+                return tuple(_coerce(arg, item) for arg, item in zip(args, value, strict=True))
+            return tuple(value)
+        if base in (list, Sequence):
+            return [_coerce(args[0] if args else Any, item) for item in value]
+    if isinstance(value, Mapping) and base in (dict, Mapping) and len(args) == 2:
+        return {key: _coerce(args[1], item) for key, item in value.items()}
+    return value
+
+
+def _fits(tp: Any, value: object) -> bool:
+    try:
+        return not validate_arguments(_schema_for(tp), value)
+    except _Unsupported:
+        return False

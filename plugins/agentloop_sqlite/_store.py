@@ -1,0 +1,729 @@
+"""An embedded SQLite session store.
+
+One worker thread owns the connection and serves a FIFO queue. ``append`` only puts the event
+on that queue; the worker drains whatever has accumulated and writes all the appends it found
+in one transaction, so a busy runtime pays one commit (one fsync) per batch instead of one per
+event. Every other operation is a request on the same queue, which keeps each caller's writes
+and reads in the order it issued them (a ``load`` sees every ``append`` made before it).
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import functools
+import itertools
+import json
+import math
+import os
+import queue
+import re
+import socket
+import sqlite3
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Final, Generic, Self, TypeAlias, TypeVar, cast
+
+import attrs
+import trio
+
+from agentloop._errors import InvalidContent, PersistenceError, SessionNotFound
+from agentloop._json import FrozenDict
+from agentloop._model import SessionEvent
+from agentloop._persistence import SessionInfo, StoredSession
+
+__all__ = ["SqliteSessionStore", "StoreStats", "validate_session_id", "SCHEMA_VERSION"]
+
+SCHEMA_VERSION: Final = 1
+"""The ``PRAGMA user_version`` this module writes and the newest one it reads."""
+
+_BUSY_TIMEOUT_MS: Final = 5000
+_MAX_BATCH: Final = 10_000
+_TURN_START: Final = "turn/start"
+
+_SCHEMA: Final = (
+    """CREATE TABLE IF NOT EXISTS sessions (
+        id TEXT PRIMARY KEY,
+        meta TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        turns INTEGER NOT NULL DEFAULT 0,
+        events INTEGER NOT NULL DEFAULT 0,
+        cwd TEXT
+    )""",
+    "CREATE INDEX IF NOT EXISTS sessions_by_activity ON sessions (updated_at)",
+    """CREATE TABLE IF NOT EXISTS events (
+        session_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        type TEXT NOT NULL,
+        turn INTEGER,
+        data TEXT NOT NULL,
+        PRIMARY KEY (session_id, seq)
+    ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS leases (
+        session_id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        pid INTEGER NOT NULL,
+        host TEXT NOT NULL,
+        started TEXT,
+        acquired_at REAL NOT NULL
+    )""",
+)
+_TABLES: Final = frozenset({"sessions", "events", "leases"})
+
+_INSERT_EVENT: Final = (
+    "INSERT INTO events (session_id, seq, type, turn, data) VALUES (?, ?, ?, ?, ?)"
+)
+_BUMP_SESSION: Final = (
+    "UPDATE sessions SET events = events + ?, turns = turns + ?, updated_at = ? WHERE id = ?"
+)
+_DELETE_LEASE: Final = (
+    "DELETE FROM leases WHERE session_id = ? AND owner = ? AND pid = ? AND host = ?"
+)
+
+_ENCODER: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text} is out of range")
+    return value
+
+
+def _reject_constant(name: str) -> object:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _frozen_array(items: list[Any]) -> tuple[Any, ...]:
+    return tuple([_frozen_array(item) if type(item) is list else item for item in items])
+
+
+def _frozen_object(pairs: list[tuple[str, Any]]) -> FrozenDict:
+    return FrozenDict([(k, _frozen_array(v)) if type(v) is list else (k, v) for k, v in pairs])
+
+
+# Decodes straight to the value ``freeze(json.loads(text))`` would give, about twice as fast
+# (resume time is dominated by decoding): the parser hands over objects innermost first, so
+# each is frozen as it is built and only arrays need a pass of their own.
+_DECODER: Final = json.JSONDecoder(
+    object_pairs_hook=_frozen_object, parse_float=_finite_float, parse_constant=_reject_constant
+)
+
+_SESSION_ID: Final = re.compile(r"[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,127}")
+
+_T = TypeVar("_T")
+_Row: TypeAlias = tuple[str, int, str, "int | None", str]
+
+
+def validate_session_id(session_id: str) -> str:
+    """Return ``session_id`` if it is 1-128 characters of ``[A-Za-z0-9._:-]`` not starting with
+    ``.``; otherwise raise :class:`~agentloop.InvalidContent` naming it."""
+    if not isinstance(session_id, str) or _SESSION_ID.fullmatch(session_id) is None:
+        raise InvalidContent(
+            f"invalid session id {session_id!r}: use 1 to 128 characters of A-Z a-z 0-9 . _ : -"
+            " not starting with '.'"
+        )
+    return session_id
+
+
+@attrs.define(slots=True)
+class StoreStats:
+    """Counters of the writer's work (read them from the trio thread; the worker updates them)."""
+
+    transactions: int = 0
+    """Committed transactions that wrote appended events."""
+    events_written: int = 0
+    """Appended events committed."""
+
+
+class _Request(Generic[_T]):
+    """One call into the worker thread, answered on the calling trio thread."""
+
+    __slots__ = ("_delivered", "_done", "_error", "_fn", "_token", "_value")
+
+    def __init__(self, fn: Callable[[], _T]) -> None:
+        self._fn = fn
+        self._token = trio.lowlevel.current_trio_token()
+        self._done = trio.Event()
+        self._value: _T | None = None
+        self._error: BaseException | None = None
+        self._delivered = False
+
+    def run(self) -> bool:
+        """Run on the worker thread and answer; True when the call succeeded."""
+        try:
+            value = self._fn()
+        except Exception as exc:  # noqa: BLE001 - handed to the waiting task, which raises it
+            self.fail(exc)
+            return False
+        self._deliver(value, None)
+        return True
+
+    def fail(self, error: BaseException) -> None:
+        self._deliver(None, error)
+
+    def _deliver(self, value: _T | None, error: BaseException | None) -> None:
+        if self._delivered:
+            return
+        self._delivered = True
+        self._value = value
+        self._error = error
+        # The caller's run may be over (a store leaked past trio.run); nobody is waiting then.
+        with contextlib.suppress(trio.RunFinishedError):
+            self._token.run_sync_soon(self._done.set)
+
+    async def wait(self) -> _T:
+        await self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return cast("_T", self._value)
+
+
+class _Flush(_Request[None]):
+    __slots__ = ()
+
+
+class _Stop(_Request[None]):
+    __slots__ = ()
+
+
+_Appends: TypeAlias = "list[tuple[str, SessionEvent]]"
+_Item: TypeAlias = "tuple[str, SessionEvent] | _Request[Any]"
+
+
+def _nothing() -> None:
+    return None
+
+
+def _process_identity(pid: int) -> tuple[str, str] | None:
+    """A process's state letter and start time (clock ticks since boot), or None without /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+        fields = raw[raw.rindex(b")") + 2 :].split()
+        return fields[0].decode(), fields[19].decode()
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class SqliteSessionStore:
+    """Session persistence in one SQLite file (WAL mode), shareable by several processes.
+
+    Use it from a single trio run: ``async with SqliteSessionStore(path) as store: ...``, or
+    ``await store.open()`` and ``await store.aclose()``. ``append`` never blocks: the event is
+    queued for a dedicated writer thread that commits queued events in batches with
+    ``synchronous=FULL``; ``flush`` waits until the session's queued events are committed.
+
+    A write that fails (an unknown session, a duplicate seq, a full disk) poisons only its
+    session: later appends to it are dropped, so the stored log never has a hole, and every
+    later ``flush`` of it raises :class:`~agentloop.PersistenceError` with the cause.
+
+    The live-driver lease records the holder's pid, host and process start time; a lease whose
+    holder process has died on this host is free, so a crash never locks a session for good.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self._path = os.fspath(path)
+        self.stats = StoreStats()
+        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._state = "new"
+        # Trio-thread bookkeeping for flush: the ticket of each session's latest append.
+        self._enqueued = 0
+        self._last_ticket: dict[str, int] = {}
+        # Written by the worker thread only.
+        self._processed = 0
+        self._failed: dict[str, BaseException] = {}
+        self._fatal: BaseException | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._held: dict[str, str] = {}
+        self._pid = os.getpid()
+        self._host = socket.gethostname()
+        self._started: str | None = None
+
+    @property
+    def path(self) -> str:
+        """The database file."""
+        return self._path
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Open (creating if needed) the database file, its parent directories and schema.
+
+        Raises:
+            PersistenceError: the file is not an SQLite database, is some other application's
+                database, or has a newer schema version than this module supports.
+        """
+        if self._state != "new":
+            raise PersistenceError(f"session store {self._path} was already opened")
+        self._state = "opening"
+        opened: _Request[None] = _Request(self._connect)
+        self._queue.put(opened)
+        threading.Thread(
+            target=self._work, name=f"agentloop-sqlite:{self._path}", daemon=True
+        ).start()
+        try:
+            # Shielded: the worker finishes opening anyway, and must not be left half-owned.
+            with trio.CancelScope(shield=True):
+                await opened.wait()
+        except BaseException:
+            self._state = "closed"
+            raise
+        self._state = "open"
+
+    async def aclose(self) -> None:
+        """Commit everything queued, release the leases this store holds and close the file."""
+        if self._state != "open":
+            await trio.lowlevel.checkpoint()
+            return
+        self._state = "closing"
+        stop = _Stop(functools.partial(self._guarded, self._shutdown))
+        self._queue.put(stop)
+        try:
+            with trio.CancelScope(shield=True):
+                await stop.wait()
+        finally:
+            self._state = "closed"
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # -- the SessionPersistence protocol -----------------------------------------------------
+
+    async def exists(self, session_id: str) -> bool:
+        """Whether a session with this id is stored."""
+        return await self._call(functools.partial(self._do_exists, session_id))
+
+    async def list(self) -> builtins.list[SessionInfo]:
+        """Every stored session, most recently active first."""
+        return await self._call(self._do_list)
+
+    async def load(self, session_id: str) -> StoredSession:
+        """The stored session and its whole log in seq order, data deep-frozen.
+
+        Raises:
+            SessionNotFound: no session has this id.
+            PersistenceError: a stored row does not decode (the message names session and seq).
+        """
+        return await self._call(functools.partial(self._do_load, session_id))
+
+    async def create(self, session_id: str, meta: FrozenDict) -> None:
+        """Record a new session; ``meta["cwd"]``, when a string, is listed as its directory.
+
+        Raises:
+            InvalidContent: the id is invalid (see :func:`validate_session_id`) or ``meta`` is
+                not JSON.
+            PersistenceError: a session with this id is already stored.
+        """
+        validate_session_id(session_id)
+        try:
+            meta_json = _ENCODER.encode(meta)
+        except (TypeError, ValueError) as exc:
+            raise InvalidContent(f"metadata of session {session_id!r}: {exc}") from exc
+        cwd = meta.get("cwd")
+        call = functools.partial(
+            self._do_create, session_id, meta_json, cwd if isinstance(cwd, str) else None
+        )
+        await self._call(call, shield=True)
+
+    def append(self, session_id: str, event: SessionEvent) -> None:
+        """Queue one event for the writer. Call in seq order; O(1), never blocks.
+
+        Raises:
+            PersistenceError: the store is not open.
+        """
+        if self._state != "open":
+            raise self._not_open()
+        self._enqueued += 1
+        self._last_ticket[session_id] = self._enqueued
+        self._queue.put((session_id, event))
+
+    async def flush(self, session_id: str, seq: int) -> None:
+        """Return once every event appended to the session so far (so up to ``seq``, as appends
+        come in seq order) is committed to disk.
+
+        Raises:
+            PersistenceError: an event of this session could not be written (with the cause).
+        """
+        if self._state != "open":
+            raise self._not_open()
+        if self._last_ticket.get(session_id, 0) > self._processed:
+            marker = _Flush(_nothing)
+            self._queue.put(marker)
+            await marker.wait()
+        else:
+            await trio.lowlevel.checkpoint()
+        cause = self._failed.get(session_id)
+        if cause is not None:
+            raise PersistenceError(
+                f"events of session {session_id!r} (up to seq {seq}) could not be written"
+                f" to {self._path}: {cause}"
+            ) from cause
+
+    async def acquire(self, session_id: str, owner: str) -> None:
+        """Take the live-driver lease of a session for ``owner``.
+
+        Taking a lease ``owner`` already holds from this process succeeds again.
+
+        Raises:
+            InvalidContent: the id is invalid.
+            PersistenceError: another owner holds it: in this process, or in a process that is
+                still alive (or runs on another host, where liveness cannot be checked).
+        """
+        validate_session_id(session_id)
+        await self._call(functools.partial(self._do_acquire, session_id, owner), shield=True)
+
+    async def release(self, session_id: str, owner: str) -> None:
+        """Give the lease back if ``owner`` (in this process) holds it; otherwise do nothing."""
+        await self._call(functools.partial(self._do_release, session_id, owner), shield=True)
+
+    # -- trio side helpers -------------------------------------------------------------------
+
+    def _not_open(self) -> PersistenceError:
+        return PersistenceError(f"session store {self._path} is not open ({self._state})")
+
+    async def _call(self, fn: Callable[[], _T], *, shield: bool = False) -> _T:
+        if self._state != "open":
+            raise self._not_open()
+        request = _Request(functools.partial(self._guarded, fn))
+        self._queue.put(request)
+        # Writes are shielded so a cancelled caller never leaves their outcome unknown.
+        with trio.CancelScope(shield=shield):
+            return await request.wait()
+        raise AssertionError("unreachable: nothing cancels this scope, so it swallows nothing")
+
+    # -- worker thread -----------------------------------------------------------------------
+
+    def _work(self) -> None:
+        opened = self._queue.get()
+        assert isinstance(opened, _Request)
+        if not opened.run():
+            return
+        while True:
+            batch = [self._queue.get()]
+            with contextlib.suppress(queue.Empty):
+                while len(batch) < _MAX_BATCH:
+                    batch.append(self._queue.get_nowait())
+            try:
+                if self._handle(batch):
+                    return
+            except Exception as exc:  # noqa: BLE001 - a bug must not leave callers waiting
+                self._fatal = exc
+                for item in batch:
+                    if isinstance(item, _Stop):
+                        item.run()
+                        return
+                    if isinstance(item, _Request):
+                        item.fail(self._worker_failed())
+
+    def _handle(self, batch: builtins.list[_Item]) -> bool:
+        """Serve one batch; True once the store is shut down."""
+        if self._fatal is not None:
+            for item in batch:
+                if isinstance(item, _Stop):
+                    item.run()
+                    return True
+                if isinstance(item, _Request):
+                    item.fail(self._worker_failed())
+            return False
+        appends: _Appends = []
+        flushes: builtins.list[_Request[Any]] = []
+        for item in batch:
+            if isinstance(item, tuple):
+                appends.append(item)
+            elif isinstance(item, _Flush):
+                flushes.append(item)
+            else:
+                self._commit(appends, flushes)
+                appends, flushes = [], []
+                item.run()
+                if isinstance(item, _Stop):
+                    return True
+        self._commit(appends, flushes)
+        return False
+
+    def _worker_failed(self) -> PersistenceError:
+        error = PersistenceError(
+            f"the writer of session store {self._path} failed: {self._fatal!r}"
+        )
+        error.__cause__ = self._fatal
+        return error
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        assert self._conn is not None
+        return self._conn
+
+    def _guarded(self, fn: Callable[[], _T]) -> _T:
+        try:
+            return fn()
+        except sqlite3.Error as exc:
+            raise PersistenceError(f"session store {self._path}: {exc}") from exc
+
+    @contextlib.contextmanager
+    def _transaction(self, begin: str = "BEGIN IMMEDIATE") -> Iterator[sqlite3.Connection]:
+        # IMMEDIATE takes the write lock up front, so two writers queue on busy_timeout
+        # instead of one failing with SQLITE_BUSY when it upgrades a read lock mid-transaction.
+        conn = self._db
+        conn.execute(begin)
+        try:
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            raise
+
+    def _connect(self) -> None:
+        path = self._path
+        identity = _process_identity(self._pid)
+        self._started = identity[1] if identity else None
+        try:
+            parent = os.path.dirname(path)
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+        except OSError as exc:
+            raise PersistenceError(f"cannot create the directory of {path}: {exc}") from exc
+        try:
+            conn = sqlite3.connect(path, isolation_level=None, cached_statements=64)
+        except sqlite3.Error as exc:
+            raise PersistenceError(f"cannot open session store {path}: {exc}") from exc
+        self._conn = conn
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+            self._check_version()
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = FULL")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            self._close_connection()
+            raise PersistenceError(f"{path} is not a usable session database: {exc}") from exc
+        except BaseException:
+            self._close_connection()
+            raise
+
+    def _close_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _check_version(self) -> int:
+        (version,) = self._db.execute("PRAGMA user_version").fetchone()
+        if version > SCHEMA_VERSION:
+            raise PersistenceError(
+                f"{self._path} has session schema version {version}, newer than version"
+                f" {SCHEMA_VERSION} supported here; upgrade agentloop to open it"
+            )
+        return int(version)
+
+    def _migrate(self) -> None:
+        if self._check_version() == SCHEMA_VERSION:
+            return
+        with self._transaction() as conn:
+            # Read again under the write lock: another process may have migrated meanwhile.
+            version = self._check_version()
+            if version == 0:
+                names = {
+                    name
+                    for (name,) in conn.execute(
+                        "SELECT name FROM sqlite_master WHERE type = 'table'"
+                    )
+                }
+                foreign = names - _TABLES
+                if foreign:
+                    raise PersistenceError(
+                        f"{self._path} is an SQLite database of another application"
+                        f" (tables {', '.join(sorted(foreign))}), not a session store"
+                    )
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+            # Later schema versions add their steps here, each guarded by `version < N`.
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _shutdown(self) -> None:
+        try:
+            if self._held:
+                with self._transaction() as conn:
+                    conn.executemany(
+                        _DELETE_LEASE,
+                        [(sid, owner, self._pid, self._host) for sid, owner in self._held.items()],
+                    )
+                self._held.clear()
+        finally:
+            self._close_connection()
+
+    def _commit(self, appends: _Appends, flushes: builtins.list[_Request[Any]]) -> None:
+        if appends:
+            self._write(appends)
+            self._processed += len(appends)
+        for flush in flushes:
+            flush.run()
+
+    def _write(self, appends: _Appends) -> None:
+        failed = self._failed
+        rows: dict[str, builtins.list[_Row]] = {}
+        encode = _ENCODER.encode
+        for sid, event in appends:
+            if sid in failed:
+                continue
+            try:
+                row = (sid, event.seq, event.type, event.turn, encode(event.data))
+            except Exception as exc:  # noqa: BLE001 - recorded as the session's failure
+                failed[sid] = exc
+                continue
+            session_rows = rows.get(sid)
+            if session_rows is None:
+                rows[sid] = [row]
+            else:
+                session_rows.append(row)
+        if not rows:
+            return
+        try:
+            self._insert(rows)
+        except (sqlite3.Error, PersistenceError) as exc:
+            if len(rows) == 1:
+                failed[next(iter(rows))] = exc
+                return
+            # Find out which sessions are at fault so the others still get written.
+            for sid, session_rows in rows.items():
+                try:
+                    self._insert({sid: session_rows})
+                except (sqlite3.Error, PersistenceError) as session_exc:
+                    failed[sid] = session_exc
+
+    def _insert(self, rows: dict[str, builtins.list[_Row]]) -> None:
+        now = time.time()
+        count = 0
+        with self._transaction() as conn:
+            conn.executemany(_INSERT_EVENT, itertools.chain.from_iterable(rows.values()))
+            for sid, session_rows in rows.items():
+                turns = sum(1 for row in session_rows if row[2] == _TURN_START)
+                bumped = conn.execute(_BUMP_SESSION, (len(session_rows), turns, now, sid))
+                if bumped.rowcount != 1:
+                    raise PersistenceError(f"session {sid!r} was never created")
+                count += len(session_rows)
+        self.stats.transactions += 1
+        self.stats.events_written += count
+
+    def _do_exists(self, session_id: str) -> bool:
+        row = self._db.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        return row is not None
+
+    def _do_list(self) -> builtins.list[SessionInfo]:
+        rows = self._db.execute(
+            "SELECT id, turns, events, created_at, updated_at, cwd FROM sessions"
+            " ORDER BY updated_at DESC, rowid DESC"
+        ).fetchall()
+        return [
+            SessionInfo(
+                id=sid, turns=turns, events=events, created_at=created, updated_at=updated, cwd=cwd
+            )
+            for sid, turns, events, created, updated, cwd in rows
+        ]
+
+    def _do_create(self, session_id: str, meta_json: str, cwd: str | None) -> None:
+        now = time.time()
+        try:
+            with self._transaction() as conn:
+                conn.execute(
+                    "INSERT INTO sessions (id, meta, created_at, updated_at, cwd)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (session_id, meta_json, now, now, cwd),
+                )
+        except sqlite3.IntegrityError as exc:
+            raise PersistenceError(
+                f"session {session_id!r} already exists in {self._path}"
+            ) from exc
+
+    def _do_load(self, session_id: str) -> StoredSession:
+        # One read transaction: the metadata and the log come from the same snapshot even
+        # while another process appends.
+        with self._transaction("BEGIN") as conn:
+            found = conn.execute("SELECT meta FROM sessions WHERE id = ?", (session_id,)).fetchone()
+            if found is None:
+                raise SessionNotFound(f"no session {session_id!r} in {self._path}")
+            rows = conn.execute(
+                "SELECT seq, type, turn, data FROM events WHERE session_id = ? ORDER BY seq",
+                (session_id,),
+            ).fetchall()
+        meta = self._decode(found[0], f"the metadata of session {session_id!r}")
+        events = []
+        for seq, type_, turn, data in rows:
+            where = f"session {session_id!r}, event seq {seq}"
+            if not isinstance(type_, str) or not (turn is None or isinstance(turn, int)):
+                raise PersistenceError(f"{where} in {self._path} has a malformed type or turn")
+            events.append(SessionEvent(seq, type_, turn, self._decode(data, where)))
+        return StoredSession(id=session_id, meta=meta, events=tuple(events))
+
+    def _decode(self, data: object, where: str) -> FrozenDict:
+        try:
+            value = _DECODER.decode(data)  # type: ignore[arg-type]
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise PersistenceError(f"{where} in {self._path} does not decode: {exc}") from exc
+        if not isinstance(value, FrozenDict):
+            raise PersistenceError(f"{where} in {self._path} is not a JSON object")
+        return value
+
+    def _do_acquire(self, session_id: str, owner: str) -> None:
+        with self._transaction() as conn:
+            row = conn.execute(
+                "SELECT owner, pid, host, started FROM leases WHERE session_id = ?",
+                (session_id,),
+            ).fetchone()
+            if row is not None:
+                holder, pid, host, started = row
+                # A matching start time tells this process from an earlier one with its pid.
+                ours = (
+                    pid == self._pid
+                    and host == self._host
+                    and (started is None or started == self._started)
+                )
+                if ours and holder == owner:
+                    self._held[session_id] = owner
+                    return
+                if ours or self._holder_alive(pid, host, started):
+                    raise PersistenceError(
+                        f"session {session_id!r} is already driven by {holder!r}"
+                        f" (pid {pid} on {host})"
+                    )
+            conn.execute(
+                "INSERT OR REPLACE INTO leases"
+                " (session_id, owner, pid, host, started, acquired_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (session_id, owner, self._pid, self._host, self._started, time.time()),
+            )
+        self._held[session_id] = owner
+
+    def _holder_alive(self, pid: object, host: object, started: object) -> bool:
+        if host != self._host:
+            return True  # another machine's processes cannot be probed
+        if not isinstance(pid, int) or pid <= 0:
+            return False  # never a real holder; and kill(0 or -n) would signal a group
+        if sys.platform == "win32":
+            return True  # os.kill there terminates rather than probes
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass  # alive, owned by another user
+        identity = _process_identity(pid)
+        if identity is None:
+            return True
+        state, start = identity
+        if state in ("Z", "X"):
+            return False  # exited, waiting to be reaped
+        return started is None or started == start
+
+    def _do_release(self, session_id: str, owner: str) -> None:
+        with self._transaction() as conn:
+            conn.execute(_DELETE_LEASE, (session_id, owner, self._pid, self._host))
+        if self._held.get(session_id) == owner:
+            del self._held[session_id]
