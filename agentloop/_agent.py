@@ -427,7 +427,8 @@ class Agent:
         except Exception as exc:  # noqa: BLE001 - a failing hook ends the turn, not the loop
             turn.reason, turn.error = "error", exc
             log.warning("agent %s: turn %d failed: %r", self.id, turn.number, exc)
-        if turn.reason is None:
+        if scope.cancel_called and turn.reason != "error":
+            # Cancellation takes precedence even when the work finished before noticing it.
             turn.reason = "disposed" if self._disposing else "aborted"
         await self._close_turn(turn)
 

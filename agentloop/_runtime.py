@@ -253,6 +253,31 @@ async def open_runtime(
         specs.insert(0, "sqlite")
     resolved = [_resolve_plugin(s) for s in specs]
     rt = Runtime(cfg)
+    try:
+        async with _supervised(rt, resolved, cfg) as root:
+            yield root
+    except BaseExceptionGroup as group:
+        # The runtime's nurseries are an implementation detail: one failure is one exception.
+        leaves = _leaves(group)
+        if len(leaves) == 1:
+            raise leaves[0] from None
+        raise
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            out.extend(_leaves(exc))
+        else:
+            out.append(exc)
+    return out
+
+
+@contextlib.asynccontextmanager
+async def _supervised(
+    rt: Runtime, resolved: list[tuple[str, Plugin]], cfg: Config
+) -> AsyncIterator[Context]:
     async with open_shared_client(), trio.open_nursery() as system:
         rt.system_nursery = system
         async with trio.open_nursery() as agents_nursery:

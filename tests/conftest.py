@@ -11,3 +11,75 @@ settings.register_profile(
     "dev", max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import pytest
+
+import agentloop
+from agentloop.testing import ScriptedModel
+
+OPTIONS = agentloop.AgentOptions(provider="scripted", model="m")
+
+
+@pytest.fixture
+async def rt() -> AsyncIterator[agentloop.Context]:
+    async with agentloop.open_runtime() as ctx:
+        yield ctx
+
+
+@pytest.fixture
+def model(rt: agentloop.Context) -> ScriptedModel:
+    m = ScriptedModel()
+    rt.llm.register("scripted", m)
+    return m
+
+
+def types(agent: agentloop.Agent) -> list[str]:
+    return [e.type for e in agent.session.events]
+
+
+def of_type(agent: agentloop.Agent, type_: str) -> list[agentloop.SessionEvent]:
+    return [e for e in agent.session.events if e.type == type_]
+
+
+def turn_ends(agent: agentloop.Agent) -> list[str]:
+    return [e.data["reason"] for e in of_type(agent, "turn/end")]
+
+
+def check_log_invariants(events: Sequence[agentloop.SessionEvent]) -> None:
+    """Facts every session log must satisfy, whatever happened."""
+    seqs = [e.seq for e in events]
+    assert seqs == list(range(1, len(events) + 1))
+    open_turn: Any = None
+    calls: dict[str, int] = {}
+    results: dict[str, int] = {}
+    for e in events:
+        if e.type == "turn/start":
+            assert open_turn is None, f"turn {e.turn} opened inside turn {open_turn}"
+            open_turn = e.turn
+        elif e.type == "turn/end":
+            assert open_turn == e.turn
+            open_turn = None
+        elif e.type == "tool/call":
+            calls[e.data["call_id"]] = calls.get(e.data["call_id"], 0) + 1
+        elif e.type == "tool/result":
+            assert e.data["call_id"] in calls, "result before its call"
+            results[e.data["call_id"]] = results.get(e.data["call_id"], 0) + 1
+    assert all(n == 1 for n in calls.values()), calls
+    assert calls.keys() == results.keys() and all(n == 1 for n in results.values())
+
+
+def check_history_valid(messages: Sequence[agentloop.Message]) -> None:
+    """Every assistant tool call is answered before the next assistant or user message."""
+    waiting: list[str] = []
+    for m in messages:
+        if m.role == "tool":
+            assert m.tool_call_id in waiting, f"unexpected tool result {m.tool_call_id}"
+            waiting.remove(m.tool_call_id)
+        else:
+            assert not waiting, f"unanswered tool calls {waiting} before a {m.role} message"
+            if m.role == "assistant":
+                waiting = [c.id for c in m.tool_calls]
+    assert not waiting

@@ -1,0 +1,30 @@
+"""Model adapters: the boundary between the loop and a provider's wire format.
+
+``OpenAIChatAdapter`` speaks OpenAI-compatible chat completions (OpenAI, DeepSeek, vLLM,
+llama.cpp's server, Ollama); ``AnthropicAdapter`` speaks the Messages API. Any object with a
+``stream(request)`` method returning an async iterator of parts is an adapter.
+"""
+
+from .._errors import ProviderError as ProviderError
+from .._model import Finish as Finish
+from .._model import LLMRequest as LLMRequest
+from .._model import ReasoningDelta as ReasoningDelta
+from .._model import TextDelta as TextDelta
+from .._model import ToolCallDelta as ToolCallDelta
+from ._anthropic import AnthropicAdapter as AnthropicAdapter
+from ._base import AdapterDefaults as AdapterDefaults
+from ._base import ModelAdapter as ModelAdapter
+from ._openai import OpenAIChatAdapter as OpenAIChatAdapter
+
+__all__ = [
+    "OpenAIChatAdapter",
+    "AnthropicAdapter",
+    "ModelAdapter",
+    "AdapterDefaults",
+    "LLMRequest",
+    "TextDelta",
+    "ReasoningDelta",
+    "ToolCallDelta",
+    "Finish",
+    "ProviderError",
+]

@@ -1,0 +1,371 @@
+"""What the HTTP model adapters share: SSE decoding, the request loop and error mapping."""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import email.utils
+import json
+import math
+import re
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from typing import Any, ClassVar, Protocol, cast
+
+import attrs
+import httpx
+import trio
+from httpx_sse import aconnect_sse
+
+from .._errors import ProviderError
+from .._http import client_for
+from .._model import CallConfig, Finish, LLMRequest, StreamPart
+from ._base import AdapterDefaults
+
+__all__ = [
+    "SSEEvent",
+    "SSEDecoder",
+    "PartDecoder",
+    "HTTPStreamAdapter",
+    "dumps",
+    "parse_event_json",
+    "error_fields",
+    "int_counters",
+]
+
+_LINE_END = re.compile(r"\r\n|\r|\n")
+_SNIPPET = 300
+_DRAIN_SECONDS = 1.0
+
+
+def dumps(value: object) -> str:
+    """Compact, deterministic JSON: the same value always gives the same text."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+@attrs.frozen(slots=True)
+class SSEEvent:
+    """One server-sent event: its ``event`` name (``"message"`` when unnamed) and ``data``."""
+
+    event: str
+    data: str
+
+
+class SSEDecoder:
+    """An incremental server-sent-events parser over text chunks split anywhere.
+
+    Unlike the SSE specification (and httpx-sse), :meth:`close` dispatches a final event that
+    was not followed by a blank line: real provider streams end that way.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = ""
+        self._event = ""
+        self._data: list[str] = []
+
+    def feed(self, text: str) -> list[SSEEvent]:
+        """The events completed by ``text``."""
+        # Rescan only from the end of what was already searched (minus a held-back "\r").
+        scan_from = max(len(self._buffer) - 1, 0)
+        self._buffer += text
+        events: list[SSEEvent] = []
+        start = 0
+        for match in _LINE_END.finditer(self._buffer, scan_from):
+            if match.group() == "\r" and match.end() == len(self._buffer):
+                break  # maybe the first half of "\r\n": wait for the next chunk
+            self._line(self._buffer[start : match.start()], events)
+            start = match.end()
+        self._buffer = self._buffer[start:]
+        return events
+
+    def close(self) -> list[SSEEvent]:
+        """The events left at the end of the stream, including an unterminated last one."""
+        events = self.feed("\n") if self._buffer else []
+        self._line("", events)
+        return events
+
+    def _line(self, line: str, events: list[SSEEvent]) -> None:
+        if not line:
+            if self._data:
+                events.append(SSEEvent(self._event or "message", "\n".join(self._data)))
+            self._event = ""
+            self._data = []
+            return
+        if line.startswith(":"):
+            return
+        field, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if field == "event":
+            self._event = value
+        elif field == "data":
+            self._data.append(value)
+
+
+class PartDecoder(Protocol):
+    """Turns one provider's events into stream parts; one instance per call."""
+
+    @property
+    def done(self) -> bool:
+        """True once the provider said the response is complete; nothing more is read."""
+        ...
+
+    def feed(self, event: SSEEvent) -> list[StreamPart]:
+        """The parts carried by ``event``; raises :class:`ProviderError` on an error event."""
+        ...
+
+    def finish(self) -> Finish:
+        """The final part, or :class:`ProviderError` when the stream stopped short."""
+        ...
+
+
+def parse_event_json(data: str) -> dict[str, Any]:
+    """The JSON object of an event's data, or ``ProviderError(code="malformed_stream")``."""
+    try:
+        value = json.loads(data)
+    except ValueError:
+        raise ProviderError(
+            f"malformed JSON in the event stream: {data[:_SNIPPET]!r}", code="malformed_stream"
+        ) from None
+    if not isinstance(value, dict):
+        raise ProviderError(
+            f"expected a JSON object in the event stream: {data[:_SNIPPET]!r}",
+            code="malformed_stream",
+        )
+    return value
+
+
+def error_fields(payload: object) -> tuple[str | None, str | None]:
+    """The provider's ``(message, code)`` from an error body or an in-stream error object.
+
+    Handles ``{"error": {"message", "type", "code"}}`` (OpenAI, Anthropic and most
+    compatible servers), ``{"error": "text"}`` and a top-level ``message``/``detail``.
+    """
+    if not isinstance(payload, Mapping):
+        return None, None
+    error = payload.get("error", payload)
+    if isinstance(error, str):
+        return error, None
+    if not isinstance(error, Mapping):
+        return None, None
+    message = error.get("message", error.get("detail"))
+    code = error.get("code")
+    if not isinstance(code, str) or not code:
+        kind = error.get("type")
+        if isinstance(kind, str) and kind and kind != "error":
+            code = kind
+        elif isinstance(code, int) and not isinstance(code, bool):
+            code = str(code)
+        else:
+            code = None
+    return (message if isinstance(message, str) and message else None), code
+
+
+def int_counters(usage: object) -> dict[str, int]:
+    """The integer counters of a usage object, nested detail objects flattened one level."""
+    counters: dict[str, int] = {}
+    if not isinstance(usage, Mapping):
+        return counters
+    nested: dict[str, int] = {}
+    for key, value in usage.items():
+        if isinstance(value, int) and not isinstance(value, bool):
+            counters[key] = value
+        elif isinstance(value, Mapping):
+            for inner, count in value.items():
+                if isinstance(count, int) and not isinstance(count, bool):
+                    nested.setdefault(inner, count)
+    for key, value in nested.items():
+        counters.setdefault(key, value)
+    return counters
+
+
+def _retry_after(headers: httpx.Headers) -> float | None:
+    millis = headers.get("retry-after-ms")
+    if millis is not None:
+        with contextlib.suppress(ValueError):
+            value = float(millis) / 1000.0
+            if math.isfinite(value) and value >= 0:
+                return value
+    raw = headers.get("retry-after")
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(raw)
+        except (TypeError, ValueError):
+            return None
+        return max(when.timestamp() - time.time(), 0.0)
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+class HTTPStreamAdapter:
+    """Common machinery of the streaming HTTP adapters (subclasses give the wire format)."""
+
+    _path: ClassVar[str]
+    _default_defaults: ClassVar[AdapterDefaults] = AdapterDefaults()
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        client: httpx.AsyncClient | None = None,
+        defaults: AdapterDefaults | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.defaults = defaults if defaults is not None else self._default_defaults
+        self._api_key = api_key or None
+        self._headers = dict(headers or {})
+        self._client = client
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(base_url={self.base_url!r})"
+
+    def validate(self, config: CallConfig) -> None:
+        """Raise ``ProviderError(code="invalid_config")`` when the call cannot be made."""
+        if config.model is None:
+            raise ProviderError(
+                f"{type(self).__name__}: no model configured", code="invalid_config"
+            )
+
+    def _auth_headers(self, api_key: str) -> dict[str, str]:
+        raise NotImplementedError
+
+    def _static_headers(self) -> dict[str, str]:
+        return {}
+
+    def _body(self, request: LLMRequest) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _decoder(self) -> PartDecoder:
+        raise NotImplementedError
+
+    def _scrub(self, text: str) -> str:
+        return text.replace(self._api_key, "***") if self._api_key else text
+
+    def _request_headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", **self._static_headers()}
+        if self._api_key is not None:
+            headers.update(self._auth_headers(self._api_key))
+        headers.update(self._headers)
+        return headers
+
+    async def stream(self, request: LLMRequest) -> AsyncIterator[StreamPart]:
+        """Stream one model call: text, reasoning and tool-call deltas, then one Finish.
+
+        Raises:
+            ProviderError: on an HTTP error status, a transport failure or timeout, an error
+                reported inside the stream, or a stream that is malformed or stops short.
+        """
+        self.validate(request.config)
+        url = f"{self.base_url}{self._path}"
+        content = dumps(self._body(request)).encode()
+        decoder = self._decoder()
+        # An exit stack instead of nested `async with` blocks keeps every yield outside a
+        # context manager (flake8-async ASYNC119). The runtime acloses this generator when it
+        # stops early (ModelAdapter contract); the finally below then releases the connection.
+        stack = contextlib.AsyncExitStack()
+        try:
+            client = await stack.enter_async_context(client_for(self._client))
+            source = await stack.enter_async_context(
+                aconnect_sse(client, "POST", url, headers=self._request_headers(), content=content)
+            )
+            response = source.response
+            if not response.is_success:
+                raise await self._http_error(response)
+            if response.headers.get("content-type", "").lower().startswith("application/json"):
+                raise await self._json_instead_of_stream(response)
+            # httpx types it as an iterator, but it is an async generator that needs closing.
+            body = cast("AsyncGenerator[bytes, None]", response.aiter_bytes())
+            chunks = await stack.enter_async_context(contextlib.aclosing(body))
+            events = await stack.enter_async_context(contextlib.aclosing(_sse_events(chunks)))
+            failure: ProviderError | None = None
+            async for event in events:
+                try:
+                    parts = decoder.feed(event)
+                except ProviderError as exc:
+                    failure = exc
+                    break
+                for part in parts:
+                    yield part
+                if decoder.done:
+                    break
+            await _drain(chunks)
+            if failure is not None:
+                raise failure
+            finish = decoder.finish()
+        except httpx.TimeoutException as exc:
+            raise ProviderError(
+                self._scrub(f"timed out talking to {url} ({type(exc).__name__})"), code="timeout"
+            ) from exc
+        except httpx.TransportError as exc:
+            detail = str(exc) or type(exc).__name__
+            raise ProviderError(
+                self._scrub(f"connection to {url} failed: {detail}"), code="connection_error"
+            ) from exc
+        except httpx.DecodingError as exc:
+            raise ProviderError(
+                self._scrub(f"undecodable response body from {url}: {exc}"),
+                code="malformed_stream",
+            ) from exc
+        except ProviderError as exc:
+            exc.message = self._scrub(exc.message)
+            exc.args = (exc.message,)
+            raise
+        finally:
+            await stack.aclose()
+        yield finish
+
+    async def _http_error(self, response: httpx.Response) -> ProviderError:
+        body = await response.aread()
+        text = body.decode("utf-8", errors="replace")
+        try:
+            payload: object = json.loads(text)
+        except ValueError:
+            payload = None
+        message, code = error_fields(payload)
+        if message is None:
+            snippet = text.strip()[:_SNIPPET]
+            message = f"HTTP {response.status_code}" + (f": {snippet}" if snippet else "")
+        return ProviderError(
+            self._scrub(message),
+            status=response.status_code,
+            code=code,
+            retry_after=_retry_after(response.headers),
+        )
+
+    async def _json_instead_of_stream(self, response: httpx.Response) -> ProviderError:
+        body = await response.aread()
+        try:
+            payload: object = json.loads(body)
+        except ValueError:
+            payload = None
+        message, code = error_fields(payload)
+        if message is not None:
+            return ProviderError(self._scrub(message), status=response.status_code, code=code)
+        return ProviderError(
+            "expected an event stream, got a JSON document", code="malformed_stream"
+        )
+
+
+async def _drain(chunks: AsyncIterator[bytes]) -> None:
+    # Reading the body to its end lets a pooled connection be reused, and runs httpx's nested
+    # generators to completion instead of leaving them to the garbage collector (which warns).
+    # A server that keeps the body open after its final event only costs a short wait.
+    with trio.move_on_after(_DRAIN_SECONDS), contextlib.suppress(httpx.HTTPError):
+        async for _ in chunks:
+            pass
+
+
+async def _sse_events(chunks: AsyncIterator[bytes]) -> AsyncGenerator[SSEEvent, None]:
+    # SSE is UTF-8 by definition, whatever the Content-Type says.
+    text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    decoder = SSEDecoder()
+    async for chunk in chunks:
+        for event in decoder.feed(text.decode(chunk)):
+            yield event
+    for event in decoder.feed(text.decode(b"", final=True)) + decoder.close():
+        yield event

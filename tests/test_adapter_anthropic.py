@@ -1,0 +1,471 @@
+"""AnthropicAdapter over real HTTP on loopback."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+
+import loopback
+import pytest
+import trio
+from loopback import Hang, serve
+
+from agentloop._errors import ProviderError
+from agentloop._json import freeze
+from agentloop._model import (
+    CallConfig,
+    Finish,
+    LLMRequest,
+    Message,
+    ReasoningDelta,
+    StreamPart,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    ToolSpec,
+)
+from agentloop.llm import AnthropicAdapter
+from agentloop.llm._base import AdapterDefaults
+from agentloop.llm._wire import dumps
+
+KEY = "sk-ant-test-0123456789-SECRET"
+
+
+def frozen(value: object) -> Any:
+    return freeze(value)
+
+
+def make_request(
+    messages: tuple[Message, ...] = (Message("user", "hi"),),
+    *,
+    system: str = "",
+    tools: tuple[ToolSpec, ...] = (),
+    **config: Any,
+) -> LLMRequest:
+    config.setdefault("model", "claude-test")
+    return LLMRequest(system=system, messages=messages, tools=tools, config=CallConfig(**config))
+
+
+async def collect(adapter: AnthropicAdapter, request: LLMRequest) -> list[StreamPart]:
+    async with contextlib.aclosing(adapter.stream(request)) as parts:
+        return [part async for part in parts]
+
+
+async def run(handler: loopback.Handler, request: LLMRequest | None = None) -> list[StreamPart]:
+    with trio.fail_after(10):
+        async with serve(handler) as server:
+            adapter = AnthropicAdapter(server.url, api_key=KEY)
+            return await collect(adapter, request or make_request())
+
+
+async def failure(handler: loopback.Handler) -> ProviderError:
+    with trio.fail_after(10):
+        async with serve(handler) as server:
+            adapter = AnthropicAdapter(server.url, api_key=KEY)
+            with pytest.raises(ProviderError) as info:
+                await collect(adapter, make_request())
+    for text in (str(info.value), repr(info.value), repr(adapter)):
+        assert KEY not in text
+    return info.value
+
+
+def text_of(parts: list[StreamPart]) -> str:
+    return "".join(p.text for p in parts if isinstance(p, TextDelta))
+
+
+def finish_of(parts: list[StreamPart]) -> Finish:
+    assert [p for p in parts if isinstance(p, Finish)] == [parts[-1]]
+    finish = parts[-1]
+    assert isinstance(finish, Finish)
+    return finish
+
+
+def arguments(parts: list[StreamPart], index: int) -> str:
+    return "".join(p.arguments for p in parts if isinstance(p, ToolCallDelta) and p.index == index)
+
+
+def message_start(input_tokens: int = 3) -> tuple[str, object]:
+    usage = {"input_tokens": input_tokens, "output_tokens": 1}
+    return "message_start", {"type": "message_start", "message": {"usage": usage}}
+
+
+def text_block(index: int, text: str) -> list[tuple[str, object]]:
+    return [
+        (
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": index,
+                "content_block": {"type": "text", "text": ""},
+            },
+        ),
+        (
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": index,
+                "delta": {"type": "text_delta", "text": text},
+            },
+        ),
+        ("content_block_stop", {"type": "content_block_stop", "index": index}),
+    ]
+
+
+def tool_block(index: int, call_id: str, name: str, *fragments: str) -> list[tuple[str, object]]:
+    start = {"type": "tool_use", "id": call_id, "name": name, "input": {}}
+    return [
+        (
+            "content_block_start",
+            {"type": "content_block_start", "index": index, "content_block": start},
+        ),
+        *(
+            (
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {"type": "input_json_delta", "partial_json": f},
+                },
+            )
+            for f in fragments
+        ),
+        ("content_block_stop", {"type": "content_block_stop", "index": index}),
+    ]
+
+
+def message_end(reason: str = "end_turn", output_tokens: int = 9) -> list[tuple[str, object]]:
+    delta = {"stop_reason": reason, "stop_sequence": None}
+    return [
+        (
+            "message_delta",
+            {"type": "message_delta", "delta": delta, "usage": {"output_tokens": output_tokens}},
+        ),
+        ("message_stop", {"type": "message_stop"}),
+    ]
+
+
+# --- captures -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chunk_size", [None, 1, 29])
+async def test_text_capture_without_final_blank_line(chunk_size: int | None) -> None:
+    parts = await run(loopback.replay("anthropic-messages-text.sse", chunk_size=chunk_size))
+    assert parts == [
+        TextDelta("Hello"),
+        TextDelta(" there"),
+        TextDelta("!"),
+        Finish("stop", {"input_tokens": 11, "output_tokens": 6}),
+    ]
+
+
+async def test_tool_use_capture() -> None:
+    parts = await run(loopback.replay("anthropic-messages-tool-use.sse"))
+    assert text_of(parts) == "I'll check the current weather in Paris for you."
+    calls = [p for p in parts if isinstance(p, ToolCallDelta)]
+    assert calls[0] == ToolCallDelta(0, "toolu_01NRLabsLyVHZPKxbKvkfSMn", "get_weather", "")
+    assert all(c.index == 0 and c.id is None and c.name is None for c in calls[1:])
+    assert all(c.arguments for c in calls[1:])  # the empty fragment is dropped
+    assert json.loads(arguments(parts, 0)) == {"location": "Paris"}
+    finish = finish_of(parts)
+    assert finish.reason == "tool_calls"
+    assert finish.usage is not None
+    assert (finish.usage["input_tokens"], finish.usage["output_tokens"]) == (377, 65)
+
+
+async def test_tool_input_cut_off_by_max_tokens_capture() -> None:
+    parts = await run(loopback.replay("anthropic-messages-incomplete-partial-json.sse"))
+    assert text_of(parts).startswith("I'll create a comprehensive tax guide")
+    first = next(p for p in parts if isinstance(p, ToolCallDelta))
+    assert (first.index, first.id, first.name) == (0, "toolu_01EKqbqmZrGRXy18eN7m9kvY", "make_file")
+    assert arguments(parts, 0).startswith('{"filename": "taxes.txt", "lines_of_text": [')
+    assert arguments(parts, 0).endswith('\n"Filing taxes')
+    finish = finish_of(parts)
+    assert finish.reason == "max_tokens"
+    assert finish.usage is not None
+    assert (finish.usage["input_tokens"], finish.usage["output_tokens"]) == (450, 124)
+    assert finish.usage["cache_read_input_tokens"] == 0
+
+
+async def test_thinking_signature_and_refusal_capture() -> None:
+    parts = await run(loopback.replay("anthropic-messages-thinking-padded-synthetic.sse"))
+    reasoning = [p for p in parts if isinstance(p, ReasoningDelta)]
+    assert "".join(r.text for r in reasoning).startswith("Simple educational question")
+    assert all(r.text for r in reasoning[:-1])
+    assert reasoning[-1] == ReasoningDelta(
+        "", signature="c3ludGhldGljLXNpZ25hdHVyZS1maXh0dXJlLWEtbm90LWEtcmVhbC1zaWduYXR1cmU="
+    )
+    assert parts.index(reasoning[-1]) < parts.index(TextDelta("Hi"))
+    finish = finish_of(parts)
+    assert finish.reason == "refusal"
+    assert finish.usage is not None
+    assert (finish.usage["input_tokens"], finish.usage["output_tokens"]) == (28, 106)
+    assert finish.usage["thinking_tokens"] == 67
+
+
+# --- stream variations ----------------------------------------------------------------------
+
+
+async def test_tool_indexes_count_tool_calls_not_blocks() -> None:
+    events = [
+        message_start(),
+        *text_block(0, "Two lookups."),
+        ("ping", {"type": "ping"}),
+        *tool_block(1, "toolu_a", "lookup", '{"q":', '"a"}'),
+        ("future_event", {"type": "future_event", "anything": [1, 2]}),
+        *tool_block(2, "toolu_b", "lookup", '{"q":"b"}'),
+        *message_end("tool_use"),
+    ]
+    parts = await run(loopback.sse_body(loopback.named_sse(*events)))
+    starts = [p for p in parts if isinstance(p, ToolCallDelta) and p.id is not None]
+    assert starts == [ToolCallDelta(0, "toolu_a", "lookup"), ToolCallDelta(1, "toolu_b", "lookup")]
+    assert (arguments(parts, 0), arguments(parts, 1)) == ('{"q":"a"}', '{"q":"b"}')
+    assert finish_of(parts) == Finish("tool_calls", {"input_tokens": 3, "output_tokens": 9})
+
+
+@pytest.mark.parametrize(
+    ("raw", "mapped"),
+    [("stop_sequence", "stop"), ("max_tokens", "max_tokens"), ("pause_turn", "pause_turn")],
+)
+async def test_stop_reasons(raw: str, mapped: str) -> None:
+    events = [message_start(), *text_block(0, "x"), *message_end(raw)]
+    parts = await run(loopback.sse_body(loopback.named_sse(*events)))
+    assert finish_of(parts).reason == mapped
+
+
+async def test_error_event_in_the_stream() -> None:
+    error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    body = loopback.named_sse(message_start(), *text_block(0, "par"), ("error", error))
+    exc = await failure(loopback.sse_body(body))
+    assert (exc.message, exc.code, exc.status) == ("Overloaded", "overloaded_error", None)
+
+
+async def test_stream_without_message_stop_is_incomplete() -> None:
+    body = loopback.named_sse(message_start(), *text_block(0, "x"), *message_end()[:1])
+    exc = await failure(loopback.sse_body(body))
+    assert exc.code == "incomplete_stream"
+
+
+async def test_empty_200_body_is_incomplete() -> None:
+    assert (await failure(loopback.sse_body(b""))).code == "incomplete_stream"
+
+
+async def test_malformed_json() -> None:
+    body = loopback.named_sse(message_start(), ("content_block_delta", '{"type": "content_'))
+    assert (await failure(loopback.sse_body(body))).code == "malformed_stream"
+
+
+# --- HTTP failures --------------------------------------------------------------------------
+
+
+async def test_429_with_retry_after() -> None:
+    payload = {
+        "type": "error",
+        "error": {"type": "rate_limit_error", "message": "Number of requests exceeded"},
+    }
+    exc = await failure(loopback.json_error(429, payload, headers=[("retry-after", "2.5")]))
+    assert (exc.status, exc.code, exc.retry_after) == (429, "rate_limit_error", 2.5)
+    assert exc.message == "Number of requests exceeded"
+
+
+async def test_529_overloaded() -> None:
+    payload = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    exc = await failure(loopback.json_error(529, payload))
+    assert (exc.status, exc.code, exc.retry_after) == (529, "overloaded_error", None)
+
+
+async def test_401_echoing_the_key_is_scrubbed() -> None:
+    payload = {"type": "error", "error": {"type": "authentication_error", "message": KEY}}
+    exc = await failure(loopback.json_error(401, payload))
+    assert (exc.status, exc.message) == (401, "***")
+
+
+async def test_connection_dropped_mid_stream() -> None:
+    body = loopback.capture("anthropic-messages-tool-use.sse")
+    exc = await failure(loopback.drop_mid_stream(body, after=700))
+    assert exc.code == "connection_error"
+
+
+async def test_cancellation_mid_stream_closes_the_connection() -> None:
+    hang = Hang(loopback.named_sse(message_start(), *text_block(0, "first")))
+    received: list[StreamPart] = []
+    with trio.fail_after(10):
+        async with serve(hang) as server:
+            adapter = AnthropicAdapter(server.url, api_key=KEY)
+            with trio.move_on_after(0.3) as scope:
+                async with contextlib.aclosing(adapter.stream(make_request())) as parts:
+                    async for part in parts:
+                        received.append(part)
+            assert scope.cancelled_caught
+            with trio.fail_after(2):
+                await hang.disconnected.wait()
+    assert received == [TextDelta("first")]
+
+
+# --- requests -------------------------------------------------------------------------------
+
+WEATHER = ToolSpec(
+    "get_weather",
+    "Weather for a city.",
+    frozen({"type": "object", "properties": {"city": {"type": "string"}}}),
+)
+
+HISTORY = (
+    Message("user", "Weather in Paris and Rome?"),
+    Message(
+        "assistant",
+        "Checking.",
+        tool_calls=(
+            ToolCall("toolu_1", "get_weather", frozen({"city": "Paris"})),
+            ToolCall("toolu_2", "get_weather", '{"city": "Rome"'),
+        ),
+        reasoning="Two cities.",
+        reasoning_signature="sig==",
+    ),
+    Message("tool", "18C", tool_call_id="toolu_1", name="get_weather"),
+    Message("tool", "Error: bad arguments", tool_call_id="toolu_2", is_error=True),
+)
+
+
+async def test_request_body_and_headers_for_a_multi_turn_history() -> None:
+    request = make_request(
+        (
+            *HISTORY,
+            Message("user", "Also Oslo?"),
+            Message("assistant", "", tool_calls=(ToolCall("toolu_3", "get_weather", frozen({})),)),
+            Message("tool", frozen([{"type": "text", "text": "-2C"}]), tool_call_id="toolu_3"),
+            Message("assistant", "Oslo is -2C.", reasoning="unsigned, not replayed"),
+            Message("user", frozen([{"type": "text", "text": "Thanks!"}])),
+        ),
+        system="Be brief.",
+        tools=(WEATHER,),
+        extra={"thinking": {"type": "enabled", "budget_tokens": 1024}},
+    )
+    body = loopback.named_sse(message_start(), *message_end())
+    with trio.fail_after(10):
+        async with serve(loopback.sse_body(body)) as server:
+            adapter = AnthropicAdapter(server.url, api_key=KEY, headers={"anthropic-beta": "b1"})
+            await collect(adapter, request)
+    [sent] = server.requests
+    assert (sent.method, sent.path) == ("POST", "/v1/messages")
+    assert sent.headers["x-api-key"] == KEY
+    assert sent.headers["anthropic-version"] == "2023-06-01"
+    assert sent.headers["anthropic-beta"] == "b1"
+    assert sent.headers["accept"] == "text/event-stream"
+    assert "authorization" not in sent.headers
+    got = sent.json()
+    assert list(got) == ["model", "max_tokens", "system", "messages", "tools", "stream", "thinking"]
+    assert (got["model"], got["max_tokens"], got["system"]) == ("claude-test", 4096, "Be brief.")
+    assert got["stream"] is True
+    assert got["thinking"] == {"type": "enabled", "budget_tokens": 1024}
+    assert got["tools"] == [
+        {
+            "name": "get_weather",
+            "description": "Weather for a city.",
+            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+        }
+    ]
+    assert got["messages"] == [
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "Two cities.", "signature": "sig=="},
+                {"type": "text", "text": "Checking."},
+                {
+                    "type": "tool_use",
+                    "id": "toolu_1",
+                    "name": "get_weather",
+                    "input": {"city": "Paris"},
+                },
+                {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_1",
+                    "content": "18C",
+                    "is_error": False,
+                },
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_2",
+                    "content": "Error: bad arguments",
+                    "is_error": True,
+                },
+                {"type": "text", "text": "Also Oslo?"},
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "toolu_3", "name": "get_weather", "input": {}}],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_3",
+                    "content": [{"type": "text", "text": "-2C"}],
+                    "is_error": False,
+                },
+            ],
+        },
+        {"role": "assistant", "content": [{"type": "text", "text": "Oslo is -2C."}]},
+        {"role": "user", "content": [{"type": "text", "text": "Thanks!"}]},
+    ]
+    roles = [m["role"] for m in got["messages"]]
+    assert roles == ["user", "assistant", "user", "assistant", "user", "assistant", "user"]
+
+
+async def test_max_tokens_from_config_and_defaults() -> None:
+    body = loopback.named_sse(message_start(), *message_end())
+    with trio.fail_after(10):
+        async with serve(loopback.sse_body(body)) as server:
+            await collect(AnthropicAdapter(server.url), make_request(max_tokens=10))
+            small = AdapterDefaults(max_tokens=64)
+            await collect(AnthropicAdapter(server.url, defaults=small), make_request())
+    explicit, defaulted = (r.json() for r in server.requests)
+    assert explicit == {
+        "model": "claude-test",
+        "max_tokens": 10,
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+    }
+    assert defaulted["max_tokens"] == 64
+    assert "x-api-key" not in server.requests[0].headers
+
+
+async def test_consecutive_steps_share_a_byte_identical_prefix() -> None:
+    step_2 = (*HISTORY, Message("assistant", "Paris 18C; Rome unknown."), Message("user", "Ok"))
+    body = loopback.named_sse(message_start(), *message_end())
+    with trio.fail_after(10):
+        async with serve(loopback.sse_body(body)) as server:
+            adapter = AnthropicAdapter(server.url, api_key=KEY)
+            for history in (HISTORY, HISTORY, step_2):
+                await collect(adapter, make_request(history, system="S", tools=(WEATHER,)))
+    first, again, second = (r.body for r in server.requests)
+    assert first == again
+    messages_1 = dumps(json.loads(first)["messages"])
+    messages_2 = dumps(json.loads(second)["messages"])
+    assert messages_2.startswith(messages_1[:-1])
+    assert second.startswith(first[: first.index(b',"tools":') - 1])
+
+
+# --- configuration and secrets --------------------------------------------------------------
+
+
+async def test_missing_model_is_rejected() -> None:
+    adapter = AnthropicAdapter("http://127.0.0.1:9/v1", api_key=KEY)
+    with pytest.raises(ProviderError) as info:
+        await collect(adapter, make_request(model=None))
+    assert info.value.code == "invalid_config"
+
+
+def test_repr_and_defaults() -> None:
+    adapter = AnthropicAdapter("https://api.anthropic.com/v1", api_key=KEY)
+    assert repr(adapter) == "AnthropicAdapter(base_url='https://api.anthropic.com/v1')"
+    assert adapter.defaults == AdapterDefaults(max_tokens=4096)

@@ -1,0 +1,570 @@
+"""OpenAIChatAdapter over real HTTP on loopback, plus the shared SSE decoder."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+
+import httpx
+import loopback
+import pytest
+import trio
+from loopback import Hang, serve
+
+from agentloop._errors import ProviderError
+from agentloop._json import freeze
+from agentloop._model import (
+    CallConfig,
+    Finish,
+    LLMRequest,
+    Message,
+    ReasoningDelta,
+    StreamPart,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    ToolSpec,
+)
+from agentloop.llm import OpenAIChatAdapter
+from agentloop.llm._base import AdapterDefaults
+from agentloop.llm._wire import SSEDecoder, SSEEvent, dumps
+
+KEY = "sk-test-0123456789-SECRET"
+
+# Closing a response before its end leaves httpx's and httpcore's nested body generators
+# suspended (encode/httpx#3597, #3686); trio warns when it collects them.
+httpx_early_close = pytest.mark.filterwarnings(
+    "ignore:Async generator 'http(x|core)\\.:ResourceWarning"
+)
+
+
+def frozen(value: object) -> Any:
+    return freeze(value)
+
+
+def make_request(
+    messages: tuple[Message, ...] = (Message("user", "hi"),),
+    *,
+    system: str = "",
+    tools: tuple[ToolSpec, ...] = (),
+    **config: Any,
+) -> LLMRequest:
+    config.setdefault("model", "gpt-test")
+    return LLMRequest(system=system, messages=messages, tools=tools, config=CallConfig(**config))
+
+
+async def collect(adapter: OpenAIChatAdapter, request: LLMRequest) -> list[StreamPart]:
+    async with contextlib.aclosing(adapter.stream(request)) as parts:
+        return [part async for part in parts]
+
+
+async def run(handler: loopback.Handler, request: LLMRequest | None = None) -> list[StreamPart]:
+    with trio.fail_after(10):
+        async with serve(handler) as server:
+            adapter = OpenAIChatAdapter(server.url, api_key=KEY)
+            return await collect(adapter, request or make_request())
+
+
+async def failure(handler: loopback.Handler, **kwargs: Any) -> ProviderError:
+    with trio.fail_after(10):
+        async with serve(handler) as server:
+            adapter = OpenAIChatAdapter(server.url, api_key=KEY, **kwargs)
+            with pytest.raises(ProviderError) as info:
+                await collect(adapter, make_request())
+    assert_no_key(info.value)
+    return info.value
+
+
+def assert_no_key(*things: object) -> None:
+    for thing in things:
+        assert KEY not in str(thing)
+        assert KEY not in repr(thing)
+
+
+def text_of(parts: list[StreamPart]) -> str:
+    return "".join(p.text for p in parts if isinstance(p, TextDelta))
+
+
+def tool_calls(parts: list[StreamPart]) -> dict[int, dict[str, Any]]:
+    calls: dict[int, dict[str, Any]] = {}
+    for part in parts:
+        if isinstance(part, ToolCallDelta):
+            call = calls.setdefault(part.index, {"id": None, "name": None, "arguments": ""})
+            for field in ("id", "name"):
+                value = getattr(part, field)
+                if value is not None:
+                    assert call[field] is None, f"{field} of call {part.index} sent twice"
+                    call[field] = value
+            call["arguments"] += part.arguments
+    return calls
+
+
+def only_finish(parts: list[StreamPart]) -> Finish:
+    finishes = [p for p in parts if isinstance(p, Finish)]
+    assert len(finishes) == 1
+    assert parts[-1] is finishes[0]
+    return finishes[0]
+
+
+def chunk(
+    delta: dict[str, Any] | None = None, finish: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    return {"choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish}], **extra}
+
+
+# --- captures -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chunk_size", [None, 1, 13])
+async def test_text_with_usage_capture(chunk_size: int | None) -> None:
+    parts = await run(loopback.replay("openai-chat-text-with-usage.sse", chunk_size=chunk_size))
+    assert text_of(parts) == (
+        "I'm unable to provide real-time weather updates. To get the current weather in San"
+        " Francisco, I recommend checking a reliable weather website or a weather app."
+    )
+    assert all(isinstance(p, (TextDelta, Finish)) for p in parts)
+    finish = only_finish(parts)
+    assert finish.reason == "stop"
+    assert finish.usage is not None
+    assert finish.usage["input_tokens"] == 14
+    assert finish.usage["output_tokens"] == 30
+    assert finish.usage["total_tokens"] == 44
+    assert finish.usage["reasoning_tokens"] == 0
+
+
+async def test_finish_length_capture() -> None:
+    parts = await run(loopback.replay("openai-chat-finish-length.sse"))
+    assert parts[:-1] == [TextDelta('{"')]
+    assert only_finish(parts).reason == "max_tokens"
+    assert dict(only_finish(parts).usage or {})["output_tokens"] == 1
+
+
+async def test_tool_call_capture() -> None:
+    parts = await run(loopback.replay("openai-chat-tool-call.sse"))
+    assert parts[0] == ToolCallDelta(0, "call_4XzlGBLtUe9dy3GVNV4jhq7h", "get_weather", "")
+    assert all(p.id is None and p.name is None for p in parts[1:-1] if isinstance(p, ToolCallDelta))
+    calls = tool_calls(parts)
+    assert list(calls) == [0]
+    assert json.loads(calls[0]["arguments"]) == {"city": "New York City"}
+    finish = only_finish(parts)
+    assert finish.reason == "tool_calls"
+    assert finish.usage is not None
+    assert (finish.usage["input_tokens"], finish.usage["output_tokens"]) == (44, 16)
+    assert text_of(parts) == ""
+
+
+async def test_parallel_tool_calls_capture() -> None:
+    parts = await run(loopback.replay("openai-chat-parallel-tool-calls.sse", chunk_size=64))
+    calls = tool_calls(parts)
+    assert list(calls) == [0, 1]
+    assert calls[1]["id"] == "call_DNYTawLBoN8fj3KN6qU9N1Ou"
+    assert calls[1]["name"] == "get_stock_price"
+    assert json.loads(calls[1]["arguments"]) == {"ticker": "AAPL", "exchange": "NASDAQ"}
+    assert calls[0]["id"] == "call_JMW1whyEaYG438VE1OIflxA2"
+    assert calls[0]["name"] == "GetWeatherArgs"
+    assert json.loads(calls[0]["arguments"]) == {"city": "Edinburgh", "country": "GB", "units": "c"}
+    assert only_finish(parts).reason == "tool_calls"
+
+
+# --- server variations ----------------------------------------------------------------------
+
+
+async def test_repeated_id_and_name_are_sent_once() -> None:
+    def fragment(index: int, args: str) -> dict[str, Any]:
+        call = {"id": f"call_{index}", "type": "function"}
+        call |= {"index": index, "function": {"name": f"tool_{index}", "arguments": args}}
+        return chunk({"tool_calls": [call]})
+
+    body = loopback.sse(
+        fragment(0, ""),
+        fragment(0, '{"a":'),
+        fragment(1, '{"b":'),
+        fragment(0, "1}"),
+        fragment(1, "2}"),
+        chunk(finish="tool_calls"),
+        done=True,
+    )
+    parts = await run(loopback.sse_body(body))
+    calls = tool_calls(parts)  # fails if an id or a name arrives twice
+    assert calls == {
+        0: {"id": "call_0", "name": "tool_0", "arguments": '{"a":1}'},
+        1: {"id": "call_1", "name": "tool_1", "arguments": '{"b":2}'},
+    }
+    assert only_finish(parts).reason == "tool_calls"
+
+
+async def test_reasoning_keepalives_and_usage_on_the_finish_chunk() -> None:
+    body = (
+        b": keep-alive\n\n"
+        + loopback.sse(
+            chunk({"role": "assistant", "content": None, "reasoning_content": "Think"}),
+            chunk({"reasoning_content": "ing."}),
+        )
+        + b": keep-alive\n\n"
+        + loopback.sse(
+            chunk({"content": "Answer"}),
+            chunk(
+                {"content": ""},
+                "stop",
+                usage={"prompt_tokens": 5, "completion_tokens": 7, "prompt_cache_hit_tokens": 3},
+            ),
+            done=True,
+        )
+    )
+    parts = await run(loopback.sse_body(body))
+    assert parts == [
+        ReasoningDelta("Think"),
+        ReasoningDelta("ing."),
+        TextDelta("Answer"),
+        Finish("stop", {"input_tokens": 5, "output_tokens": 7, "prompt_cache_hit_tokens": 3}),
+    ]
+
+
+async def test_last_event_without_a_trailing_blank_line() -> None:
+    body = loopback.sse(chunk({"content": "x"}), chunk(finish="stop")) + b"data: [DONE]"
+    parts = await run(loopback.sse_body(body))
+    assert parts == [TextDelta("x"), Finish("stop", None)]
+
+
+async def test_finish_without_done_is_complete() -> None:
+    parts = await run(
+        loopback.sse_body(loopback.sse(chunk({"content": "x"}), chunk(finish="stop")))
+    )
+    assert parts == [TextDelta("x"), Finish("stop", None)]
+
+
+async def test_content_filter_finish_reason() -> None:
+    parts = await run(loopback.sse_body(loopback.sse(chunk(finish="content_filter"), done=True)))
+    assert parts == [Finish("content_filter", None)]
+
+
+async def test_refusal_text_and_reason() -> None:
+    body = loopback.sse(chunk({"refusal": "I can't."}), chunk(finish="stop"), done=True)
+    assert await run(loopback.sse_body(body)) == [TextDelta("I can't."), Finish("refusal", None)]
+
+
+async def test_error_object_inside_a_200_stream() -> None:
+    error = {"error": {"message": "The server had an error", "type": "server_error", "code": None}}
+    exc = await failure(loopback.sse_body(loopback.sse(chunk({"content": "par"}), error)))
+    assert exc.message == "The server had an error"
+    assert exc.code == "server_error"
+
+
+async def test_malformed_json_line() -> None:
+    exc = await failure(loopback.sse_body(loopback.sse(chunk({"content": "a"}), '{"choices": [')))
+    assert exc.code == "malformed_stream"
+
+
+async def test_empty_200_body_is_an_error() -> None:
+    exc = await failure(loopback.sse_body(b""))
+    assert exc.code == "incomplete_stream"
+
+
+async def test_stream_ending_without_finish_is_an_error() -> None:
+    exc = await failure(loopback.sse_body(loopback.sse(chunk({"content": "half an ans"}))))
+    assert exc.code == "incomplete_stream"
+
+
+async def test_json_document_with_error_instead_of_a_stream() -> None:
+    exc = await failure(loopback.json_document({"error": {"message": "bad", "code": "oops"}}))
+    assert (exc.message, exc.code) == ("bad", "oops")
+
+
+# --- HTTP and transport failures ------------------------------------------------------------
+
+
+async def test_429_with_retry_after_and_error_body() -> None:
+    payload = {
+        "error": {
+            "message": "Rate limit reached for requests",
+            "type": "requests",
+            "code": "rate_limit_exceeded",
+        }
+    }
+    exc = await failure(loopback.json_error(429, payload, headers=[("Retry-After", "7")]))
+    assert exc.status == 429
+    assert exc.code == "rate_limit_exceeded"
+    assert exc.message == "Rate limit reached for requests"
+    assert exc.retry_after == 7.0
+
+
+async def test_500_with_a_plain_body() -> None:
+    exc = await failure(loopback.plain_error(500, "upstream exploded"))
+    assert exc.status == 500
+    assert exc.code is None
+    assert "upstream exploded" in exc.message
+    assert exc.retry_after is None
+
+
+async def test_provider_echoing_the_key_is_scrubbed() -> None:
+    payload = {
+        "error": {
+            "message": f"Incorrect API key provided: {KEY}.",
+            "type": "invalid_request_error",
+            "code": "invalid_api_key",
+        }
+    }
+    exc = await failure(loopback.json_error(401, payload))
+    assert (exc.status, exc.code) == (401, "invalid_api_key")
+    assert exc.message == "Incorrect API key provided: ***."
+
+
+async def test_connection_dropped_mid_stream() -> None:
+    body = loopback.capture("openai-chat-tool-call.sse")
+    exc = await failure(loopback.drop_mid_stream(body, after=len(body) // 2))
+    assert exc.code == "connection_error"
+    assert exc.status is None
+
+
+async def test_connection_refused() -> None:
+    with trio.fail_after(10):
+        port = await loopback.unused_port()
+        adapter = OpenAIChatAdapter(f"http://127.0.0.1:{port}/v1", api_key=KEY)
+        with pytest.raises(ProviderError) as info:
+            await collect(adapter, make_request())
+    assert info.value.code == "connection_error"
+    assert_no_key(info.value, adapter)
+
+
+async def test_read_timeout_with_an_explicit_client() -> None:
+    hang = Hang(loopback.sse(chunk({"content": "slow"})))
+    async with httpx.AsyncClient(timeout=httpx.Timeout(5.0, read=0.2)) as client:
+        exc = await failure(hang, client=client)
+    assert exc.code == "timeout"
+
+
+# --- cancellation ---------------------------------------------------------------------------
+
+
+async def test_cancellation_mid_stream_closes_the_connection() -> None:
+    hang = Hang(loopback.sse(chunk({"content": "first"})))
+    received: list[StreamPart] = []
+    with trio.fail_after(10):
+        async with serve(hang) as server:
+            adapter = OpenAIChatAdapter(server.url, api_key=KEY)
+            with trio.move_on_after(0.3) as scope:
+                async with contextlib.aclosing(adapter.stream(make_request())) as parts:
+                    async for part in parts:
+                        received.append(part)
+            assert scope.cancelled_caught
+            with trio.fail_after(2):
+                await hang.disconnected.wait()
+    assert received == [TextDelta("first")]
+
+
+@httpx_early_close
+async def test_leaving_early_closes_the_connection() -> None:
+    hang = Hang(loopback.sse(chunk({"content": "first"})))
+    with trio.fail_after(10):
+        async with serve(hang) as server:
+            adapter = OpenAIChatAdapter(server.url, api_key=KEY)
+            stream = adapter.stream(make_request())
+            assert await anext(stream) == TextDelta("first")
+            await stream.aclose()
+            with trio.fail_after(2):
+                await hang.disconnected.wait()
+
+
+# --- requests -------------------------------------------------------------------------------
+
+WEATHER = ToolSpec(
+    "get_weather",
+    "Weather for a city.",
+    frozen({"type": "object", "properties": {"city": {"type": "string"}}}),
+)
+
+HISTORY = (
+    Message("user", "Weather in Paris and Rome?"),
+    Message(
+        "assistant",
+        "Checking.",
+        tool_calls=(
+            ToolCall("call_1", "get_weather", frozen({"city": "Paris"})),
+            ToolCall("call_2", "get_weather", '{"city": "Rome"'),
+        ),
+        reasoning="Two cities.",
+    ),
+    Message("tool", "18C", tool_call_id="call_1", name="get_weather"),
+    Message(
+        "tool", "Error: bad arguments", tool_call_id="call_2", name="get_weather", is_error=True
+    ),
+)
+
+
+async def test_request_body_and_headers_for_a_multi_turn_history() -> None:
+    followup = Message("user", frozen([{"type": "text", "text": "Thanks!"}]))
+    request = make_request(
+        (*HISTORY, Message("assistant", "Paris is 18C."), followup),
+        system="Be brief.",
+        tools=(WEATHER,),
+        max_tokens=256,
+        reasoning_effort="low",
+        extra={"temperature": 0, "stream_options": {"include_usage": False}},
+    )
+    body = loopback.sse(chunk(finish="stop"), done=True)
+    with trio.fail_after(10):
+        async with serve(loopback.sse_body(body)) as server:
+            adapter = OpenAIChatAdapter(server.url, api_key=KEY, headers={"X-Trace": "t1"})
+            await collect(adapter, request)
+    [sent] = server.requests
+    assert (sent.method, sent.path) == ("POST", "/v1/chat/completions")
+    assert sent.headers["authorization"] == f"Bearer {KEY}"
+    assert sent.headers["content-type"] == "application/json"
+    assert sent.headers["accept"] == "text/event-stream"
+    assert sent.headers["x-trace"] == "t1"
+    got = sent.json()
+    assert list(got) == [
+        "model",
+        "messages",
+        "tools",
+        "stream",
+        "stream_options",
+        "max_tokens",
+        "reasoning_effort",
+        "temperature",
+    ]
+    assert got["model"] == "gpt-test"
+    assert got["stream"] is True
+    assert got["stream_options"] == {"include_usage": False}  # extra wins
+    assert got["max_tokens"] == 256
+    assert got["reasoning_effort"] == "low"
+    assert got["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather for a city.",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+    ]
+    assert got["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {
+            "role": "assistant",
+            "content": "Checking.",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+                },
+                {
+                    "id": "call_2",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Rome"'},
+                },
+            ],
+            "reasoning_content": "Two cities.",
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "18C"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "Error: bad arguments"},
+        {"role": "assistant", "content": "Paris is 18C."},
+        {"role": "user", "content": [{"type": "text", "text": "Thanks!"}]},
+    ]
+
+
+async def test_minimal_body_and_defaults() -> None:
+    body = loopback.sse(chunk(finish="stop"), done=True)
+    with trio.fail_after(10):
+        async with serve(loopback.sse_body(body)) as server:
+            await collect(OpenAIChatAdapter(server.url), make_request())
+            defaults = AdapterDefaults(max_tokens=99, reasoning_effort="high")
+            await collect(OpenAIChatAdapter(server.url, defaults=defaults), make_request())
+    plain, defaulted = (r.json() for r in server.requests)
+    assert "authorization" not in server.requests[0].headers
+    assert plain == {
+        "model": "gpt-test",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    assert (defaulted["max_tokens"], defaulted["reasoning_effort"]) == (99, "high")
+
+
+async def test_consecutive_steps_share_a_byte_identical_prefix() -> None:
+    step_2 = (*HISTORY, Message("assistant", "Paris 18C; Rome unknown."), Message("user", "Ok"))
+    body = loopback.sse(chunk(finish="stop"), done=True)
+    with trio.fail_after(10):
+        async with serve(loopback.sse_body(body)) as server:
+            adapter = OpenAIChatAdapter(server.url, api_key=KEY)
+            for history in (HISTORY, HISTORY, step_2):
+                await collect(adapter, make_request(history, system="S", tools=(WEATHER,)))
+    first, again, second = (r.body for r in server.requests)
+    assert first == again
+    head = first[: first.index(b'"messages":')]
+    assert second.startswith(head)
+    messages_1 = dumps(json.loads(first)["messages"])
+    messages_2 = dumps(json.loads(second)["messages"])
+    assert messages_2.startswith(messages_1[:-1])
+    # Raw bytes: everything up to the last message of step 1 is repeated verbatim.
+    assert second.startswith(first[: first.index(b',"tools":') - 1])
+
+
+# --- configuration and secrets --------------------------------------------------------------
+
+
+async def test_missing_model_is_rejected_before_any_request() -> None:
+    adapter = OpenAIChatAdapter("http://127.0.0.1:9/v1", api_key=KEY)
+    with pytest.raises(ProviderError) as info:
+        adapter.validate(CallConfig())
+    assert info.value.code == "invalid_config"
+    with pytest.raises(ProviderError) as info:
+        await collect(adapter, make_request(model=None))
+    assert info.value.code == "invalid_config"
+    adapter.validate(CallConfig(model="m"))
+
+
+def test_repr_hides_the_key() -> None:
+    adapter = OpenAIChatAdapter("http://127.0.0.1:8080/v1/", api_key=KEY)
+    assert repr(adapter) == "OpenAIChatAdapter(base_url='http://127.0.0.1:8080/v1')"
+    assert_no_key(adapter)
+    assert adapter.defaults == AdapterDefaults()
+
+
+# --- the SSE decoder ------------------------------------------------------------------------
+
+
+SAMPLE = (
+    ": comment\r\n"
+    "event: first\r\n"
+    'data: {"a": "\u00e9\u2028"}\r\n'
+    "\r\n"
+    "data: line one\rdata:line two\r\r"
+    "id: 7\nretry: 10\nunknown: x\ndata\n\n"
+    "event: last\n"
+    "data: tail"
+)
+EXPECTED = [
+    SSEEvent("first", '{"a": "\u00e9\u2028"}'),
+    SSEEvent("message", "line one\nline two"),
+    SSEEvent("message", ""),
+    SSEEvent("last", "tail"),
+]
+
+
+def test_sse_decoder_whole() -> None:
+    decoder = SSEDecoder()
+    assert decoder.feed(SAMPLE) + decoder.close() == EXPECTED
+
+
+def test_sse_decoder_at_every_split_point() -> None:
+    for cut in range(len(SAMPLE) + 1):
+        decoder = SSEDecoder()
+        events = decoder.feed(SAMPLE[:cut]) + decoder.feed(SAMPLE[cut:]) + decoder.close()
+        assert events == EXPECTED, cut
+
+
+def test_sse_decoder_character_by_character() -> None:
+    decoder = SSEDecoder()
+    events = [event for char in SAMPLE for event in decoder.feed(char)]
+    assert events + decoder.close() == EXPECTED
+
+
+def test_sse_decoder_close_is_idempotent_and_drops_nameless_empties() -> None:
+    decoder = SSEDecoder()
+    assert decoder.feed("event: x\n\n: only a comment\n\n") == []
+    assert decoder.close() == []
+    assert decoder.close() == []

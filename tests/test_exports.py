@@ -1,0 +1,63 @@
+"""The public surface is frozen: adding or removing a name must be a conscious change."""
+
+import agentloop
+import agentloop.events
+import agentloop.llm
+import agentloop.testing
+
+EXPECTED = {
+    agentloop: {
+        "open_runtime", "Context", "Config", "AgentConfig", "ProviderConfig",
+        "PersistenceConfig", "Agent", "AgentHandle", "AgentOptions", "Inbox", "InboxMessage",
+        "MessageId", "Session", "SessionEvent", "Message", "ToolCall", "CallConfig", "Tool",
+        "ToolSpec", "ToolResult", "truncate_content", "FrozenDict", "Disposer", "Lagged",
+        "Allow", "Ask", "Deny", "Reject", "Retry", "SessionPersistence", "SessionInfo",
+        "StoredSession", "AgentLoopError", "ConfigError", "SettingsError", "InvalidContent",
+        "ProviderError", "SessionIdInUse", "SessionNotFound", "PersistenceUnavailable",
+        "PersistenceError", "AgentDisposed", "AgentNotPublished", "RuntimeClosed",
+        "ToolDefinitionError",
+    },
+    agentloop.testing: {
+        "ScriptedModel", "FunctionModel", "Reply", "reply", "TextDelta", "ReasoningDelta",
+        "ToolCallDelta", "Finish", "ProviderError",
+    },
+    agentloop.llm: {
+        "OpenAIChatAdapter", "AnthropicAdapter", "ModelAdapter", "AdapterDefaults", "LLMRequest",
+        "TextDelta", "ReasoningDelta", "ToolCallDelta", "Finish", "ProviderError",
+    },
+    agentloop.events: {
+        "Event", "ALL_EVENTS", "Lagged", "SessionEventAppended", "SessionFlush",
+        "SessionCreated", "SessionDisposed", "AgentCreated", "AgentSessionStart",
+        "AgentDisposed", "AgentStatus", "InboxSpliced", "InboxInserted", "InboxDiscarded",
+        "InboxClaimed", "LlmRetry", "PluginFailed", "SettingChanged", "AgentPreStep",
+        "AgentRequest", "AgentRequestError", "AgentStepResult", "AgentTurnContinuation",
+        "AgentTurnEnd", "LlmStream", "ToolPreExecute", "ToolApproval", "ToolExecute",
+        "ToolPostExecute", "ToolResultEvent", "Reject", "Retry", "Deny", "Ask", "Allow",
+    },
+}
+
+
+def test_public_names_are_frozen() -> None:
+    for module, names in EXPECTED.items():
+        assert set(module.__all__) == names, module.__name__
+        for name in names:
+            assert hasattr(module, name), f"{module.__name__}.{name}"
+
+
+def test_every_public_exception_is_an_agentloop_error() -> None:
+    for name in agentloop.__all__:
+        obj = getattr(agentloop, name)
+        if isinstance(obj, type) and issubclass(obj, BaseException):
+            assert issubclass(obj, agentloop.AgentLoopError), name
+
+
+def test_public_value_types_are_frozen_attrs() -> None:
+    import attrs
+
+    for cls in (agentloop.AgentOptions, agentloop.SessionEvent, agentloop.Message,
+                agentloop.ToolCall, agentloop.InboxMessage, agentloop.CallConfig,
+                agentloop.ToolSpec, agentloop.ToolResult, agentloop.Tool, agentloop.Inbox):
+        assert attrs.has(cls), cls
+        inst_fields = attrs.fields(cls)
+        assert inst_fields, cls
+        assert cls.__setattr__ is not object.__setattr__, f"{cls.__name__} is not frozen"

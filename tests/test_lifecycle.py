@@ -1,0 +1,408 @@
+"""Agent lifecycle as transactions: creation, rollback, arbitration, ownership, quiescence."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import trio
+import trio.testing
+
+import agentloop
+from agentloop import events as ev
+from agentloop.testing import Finish, FunctionModel, ScriptedModel, TextDelta
+from conftest import OPTIONS, of_type, turn_ends
+
+
+def record(rt: agentloop.Context, *classes: type[ev.Event]) -> list[str]:
+    out: list[str] = []
+    for cls in classes:
+        rt.events.on(cls, lambda e, cls=cls: out.append(f"{cls.name}:{getattr(e, 'agent_id', '') or getattr(e, 'session_id', '')}"))
+    return out
+
+
+LIFECYCLE = (ev.SessionCreated, ev.AgentCreated, ev.AgentSessionStart, ev.AgentDisposed,
+             ev.SessionDisposed)
+
+
+async def test_creation_announces_in_order_then_starts(rt, model) -> None:
+    log = record(rt, *LIFECYCLE)
+    handle = await rt.agents.create(session_id="s", agent_options=OPTIONS)
+    assert log == ["session/created:s", "agent/created:s", "agent/session-start:s"]
+    assert rt.agents.get("s") is handle.agent and rt.sessions.get("s") is handle.agent.session
+    assert handle.agent.id == handle.agent.session.id == "s"
+    await handle.aclose()
+    assert log[3:] == ["agent/disposed:s", "session/disposed:s"]
+    assert rt.agents.get("s") is None and rt.sessions.get("s") is None
+
+
+async def test_setup_runs_unpublished_and_scopes_its_registrations(rt, model) -> None:
+    model.add(agentloop.testing.reply("", tool_calls=[("private", {})]), "ok", "other")
+    seen_by_hook: list[str] = []
+
+    async def setup(ctx: agentloop.Context) -> None:
+        assert rt.agents.get("mine") is None  # not published yet
+        agent_ids = [a.id for a in ctx.agents.list()]
+        assert "mine" not in agent_ids
+
+        @ctx.tools.tool
+        async def private() -> str:
+            """Only this agent sees me."""
+            return "secret"
+
+        ctx.events.on(ev.AgentRequest, lambda e: seen_by_hook.append(e.agent_id))
+
+    h1 = await rt.agents.create(session_id="mine", agent_options=OPTIONS, setup=setup)
+    h2 = await rt.agents.create(session_id="other", agent_options=OPTIONS)
+    h1.agent.followup("x")
+    await h1.agent.wait_idle()
+    h2.agent.followup("y")
+    await h2.agent.wait_idle()
+    assert of_type(h1.agent, "tool/result")[0].data["content"] == "secret"
+    assert [t.name for t in model.requests[0].tools] == ["private"]
+    assert model.requests[2].tools == ()
+    assert seen_by_hook == ["mine", "mine"]
+    await h1.aclose()
+    assert rt.tools.get("private") is None
+
+
+async def test_driving_an_unpublished_agent_is_an_error(rt, model) -> None:
+    captured: list[agentloop.Agent] = []
+
+    async def setup(ctx: agentloop.Context) -> None:
+        agent = ctx.runtime.agents.get("u") or None
+        assert agent is None
+
+    # the unpublished agent is reachable only through internals; its send refuses
+    from agentloop._agent import Agent
+    from agentloop._session import Session
+
+    session = Session("u", agentloop.FrozenDict(), rt.runtime.bus)
+    captured.append(Agent(rt.runtime, session, OPTIONS))
+    with pytest.raises(agentloop.AgentNotPublished, match="still being set up"):
+        captured[0].followup("x")
+    await rt.agents.create(session_id="u", agent_options=OPTIONS, setup=setup)
+
+
+async def test_setup_failure_rolls_back_and_the_id_is_reusable(rt, model) -> None:
+    log = record(rt, *LIFECYCLE)
+
+    async def setup(ctx: agentloop.Context) -> None:
+        @ctx.tools.tool
+        async def leftover() -> str:
+            """Leftover."""
+            return ""
+
+        raise ValueError("setup broke")
+
+    with pytest.raises(ValueError, match="setup broke"):
+        await rt.agents.create(session_id="r", agent_options=OPTIONS, setup=setup)
+    assert log == [] and rt.agents.get("r") is None and rt.sessions.get("r") is None
+    assert rt.tools.get("leftover") is None
+    handle = await rt.agents.create(session_id="r", agent_options=OPTIONS)
+    assert rt.agents.get("r") is handle.agent
+
+
+async def test_caller_cancellation_during_setup_rolls_back(rt, model) -> None:
+    log = record(rt, *LIFECYCLE)
+    entered = trio.Event()
+
+    async def setup(ctx: agentloop.Context) -> None:
+        entered.set()
+        await trio.sleep_forever()
+
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: rt.agents.create(session_id="c", agent_options=OPTIONS,
+                                                        setup=setup))
+            await entered.wait()
+            scope.cancel()
+    assert scope.cancelled_caught
+    assert log == [] and rt.agents.get("c") is None
+    await rt.agents.create(session_id="c", agent_options=OPTIONS)
+
+
+async def test_caller_scope_no_longer_matters_once_the_handle_is_returned(rt, model) -> None:
+    model.add("still here")
+    with trio.CancelScope() as scope:
+        handle = await rt.agents.create(session_id="k", agent_options=OPTIONS)
+        scope.cancel()
+    handle.agent.followup("x")
+    await handle.agent.wait_idle()
+    assert turn_ends(handle.agent) == ["completed"]
+
+
+async def test_same_id_arbitration_exactly_one_wins(rt, model) -> None:
+    outcomes: list[str] = []
+    created = record(rt, ev.AgentCreated)
+
+    async def contender(i: int) -> None:
+        async def setup(ctx: agentloop.Context) -> None:
+            await trio.sleep(0)
+
+        try:
+            await rt.agents.create(session_id="dup", agent_options=OPTIONS, setup=setup)
+            outcomes.append("won")
+        except agentloop.SessionIdInUse:
+            outcomes.append("lost")
+
+    async with trio.open_nursery() as nursery:
+        for i in range(5):
+            nursery.start_soon(contender, i)
+    assert sorted(outcomes) == ["lost"] * 4 + ["won"]
+    assert created == ["agent/created:dup"]
+
+
+async def test_stale_handle_never_removes_a_replacement(rt, model) -> None:
+    first = await rt.agents.create(session_id="x", agent_options=OPTIONS)
+    await first.aclose()
+    second = await rt.agents.create(session_id="x", agent_options=OPTIONS)
+    await first.aclose()  # memoized: no effect on the replacement
+    assert rt.agents.get("x") is second.agent
+    assert second.agent.status == "idle"
+
+
+async def test_quiescence_is_one_memoized_boundary(rt) -> None:
+    release = trio.Event()
+    streaming = trio.Event()
+
+    async def fn(request: object) -> AsyncIterator[object]:
+        yield TextDelta("partial")
+        streaming.set()
+        with trio.CancelScope(shield=True):
+            await release.wait()  # ignores cancellation for a while
+        yield Finish("stop")
+
+    rt.llm.register("scripted", FunctionModel(fn))
+    handle = await rt.agents.create(session_id="q", agent_options=OPTIONS)
+    handle.agent.followup("go")
+    await streaming.wait()
+    returned: list[int] = []
+
+    async def closer(i: int) -> None:
+        await handle.aclose()
+        assert rt.agents.get("q") is None
+        returned.append(i)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(3):
+            nursery.start_soon(closer, i)
+        await trio.testing.wait_all_tasks_blocked()
+        assert returned == []  # none returns before quiescence
+        release.set()
+    assert sorted(returned) == [0, 1, 2]
+    assert turn_ends(handle.agent) == ["disposed"]
+
+
+async def test_closing_events_reach_observers_before_the_session_is_detached(rt) -> None:
+    streaming = trio.Event()
+
+    async def fn(request: object) -> AsyncIterator[object]:
+        yield TextDelta("x")
+        streaming.set()
+        await trio.sleep_forever()
+        yield Finish("stop")
+
+    rt.llm.register("scripted", FunctionModel(fn))
+    order: list[str] = []
+    rt.events.on(ev.SessionEventAppended, lambda e: order.append(e.event.type))
+
+    async def flush(e: ev.SessionFlush) -> None:
+        order.append(f"flush:{e.seq}")
+
+    rt.events.on(ev.SessionFlush, flush)
+    rt.events.on(ev.AgentDisposed, lambda e: order.append("agent/disposed"))
+    rt.events.on(ev.SessionDisposed, lambda e: order.append("session/disposed"))
+    handle = await rt.agents.create(session_id="t", agent_options=OPTIONS)
+    handle.agent.followup("go")
+    await streaming.wait()
+    await handle.aclose()
+    end = order.index("turn/end")
+    assert order[end + 1].startswith("flush:")
+    assert order[-2:] == ["agent/disposed", "session/disposed"]
+    assert end < order.index("agent/disposed")
+
+
+async def test_owner_scope_closing_disposes_its_agents(rt, model) -> None:
+    ctx = rt.child("owner")
+    agent = ctx.agent_loop.create("owned", OPTIONS)
+    handle = await ctx.agents.create(session_id="owned2", agent_options=OPTIONS)
+    assert rt.agents.get("owned") is agent
+    await ctx.aclose()
+    assert rt.agents.get("owned") is None and rt.agents.get("owned2") is None
+    assert agent.status == "disposed" and handle.agent.status == "disposed"
+
+
+async def test_a_plugins_agents_die_with_the_plugin() -> None:
+    made: list[agentloop.Agent] = []
+
+    async def plugin(ctx: agentloop.Context, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        made.append(ctx.agent_loop.create("plugin-agent", OPTIONS))
+        task_status.started()
+        await trio.sleep(1)
+        raise RuntimeError("plugin crashed")
+
+    failures: list[str] = []
+
+    async def observer(ctx: agentloop.Context, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        ctx.events.on(ev.PluginFailed, lambda e: failures.append(e.plugin))
+        task_status.started()
+
+    with trio.fail_after(5):
+        async with agentloop.open_runtime(plugins=[observer, plugin]) as rt:
+            assert rt.agents.get("plugin-agent") is made[0]
+            while made[0].status != "disposed":
+                await trio.sleep(0.01)
+            assert rt.agents.get("plugin-agent") is None
+            assert failures == ["plugin"]
+
+
+async def test_runtime_exit_disposes_everything_and_refuses_new_agents() -> None:
+    streaming = trio.Event()
+
+    async def fn(request: object) -> AsyncIterator[object]:
+        yield TextDelta("x")
+        streaming.set()
+        await trio.sleep_forever()
+        yield Finish("stop")
+
+    async with agentloop.open_runtime() as rt:
+        rt.llm.register("scripted", FunctionModel(fn))
+        handle = await rt.agents.create(session_id="z", agent_options=OPTIONS)
+        bare = rt.agent_loop.create("z2", OPTIONS)
+        handle.agent.followup("go")
+        await streaming.wait()
+    assert handle.agent.status == "disposed" and bare.status == "disposed"
+    assert turn_ends(handle.agent) == ["disposed"]
+    with pytest.raises(agentloop.RuntimeClosed):
+        await rt.agents.create(session_id="late", agent_options=OPTIONS)
+
+
+async def test_shutdown_waits_for_an_in_flight_create() -> None:
+    entered = trio.Event()
+    release = trio.Event()
+    result: list[object] = []
+
+    async def setup(ctx: agentloop.Context) -> None:
+        entered.set()
+        with trio.CancelScope(shield=True):
+            await release.wait()
+
+    async def creator(rt: agentloop.Context) -> None:
+        try:
+            result.append(await rt.agents.create(session_id="w", agent_options=OPTIONS,
+                                                 setup=setup))
+        except agentloop.AgentLoopError as exc:
+            result.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        async with agentloop.open_runtime() as rt:
+            nursery.start_soon(creator, rt)
+            await entered.wait()
+            release.set()
+        # the racing create settled before shutdown finished, and published nothing after it
+        assert len(result) == 1
+        assert isinstance(result[0], agentloop.RuntimeClosed)
+        assert rt.runtime.agents == {}
+
+
+async def test_resume_without_persistence(rt) -> None:
+    with pytest.raises(agentloop.PersistenceUnavailable):
+        await rt.agents.resume(resume_session_id="s")
+
+
+async def test_invalid_meta_and_seed(rt) -> None:
+    with pytest.raises(agentloop.InvalidContent, match="meta"):
+        await rt.agents.create(session_id="m", meta={"x": float("nan")})
+    with pytest.raises(agentloop.InvalidContent, match=r"seed\[0\]"):
+        await rt.agents.create(session_id="m", seed=[{"type": "", "data": {}}])
+    assert rt.agents.get("m") is None
+
+
+async def test_seed_reconstructs_a_forked_prefix(rt, model) -> None:
+    model.add("continuing")
+    seed = [
+        {"type": "turn/start", "turn": 1, "data": {"turn": 1}},
+        {"type": "user/message", "turn": 1,
+         "data": {"message_id": "m1", "content": "earlier", "source": None}},
+        {"type": "turn/end", "turn": 1, "data": {"turn": 1, "reason": "completed"}},
+    ]
+    handle = await rt.agents.create(session_id="fork", seed=seed, agent_options=OPTIONS,
+                                    meta={"parent": "p1"})
+    handle.agent.followup("now")
+    await handle.agent.wait_idle()
+    assert [e.turn for e in of_type(handle.agent, "turn/start")] == [1, 2]
+    assert [m.text for m in model.requests[0].messages] == ["earlier", "now"]
+    assert handle.agent.session.meta == {"parent": "p1"}
+
+
+async def test_current_agent_is_visible_to_tools_and_hooks(rt, model) -> None:
+    seen: list[str | None] = []
+
+    @rt.tools.tool
+    async def who() -> str:
+        """Who runs me."""
+        current = rt.agents.current()
+        seen.append(current.id if current else None)
+        return "me"
+
+    rt.events.on(ev.AgentRequest, lambda e: seen.append(rt.agents.current().id))  # type: ignore[union-attr]
+    model.add(agentloop.testing.reply("", tool_calls=[("who", {})]), "ok")
+    handle = await rt.agents.create(session_id="cur", agent_options=OPTIONS)
+    handle.agent.followup("x")
+    await handle.agent.wait_idle()
+    assert seen == ["cur", "cur", "cur"]
+    assert rt.agents.current() is None
+
+
+async def test_config_agents_get_fresh_labelled_sessions() -> None:
+    cfg = {"agents": [{"id": "helper", "provider": "scripted", "model": "m"}]}
+    async with agentloop.open_runtime(cfg) as rt:
+        (agent,) = rt.agents.list()
+        assert agent.id.startswith("helper-session-")
+        rt.llm.register("scripted", ScriptedModel(["hi"]))
+        agent.followup("x")
+        await agent.wait_idle()
+        assert turn_ends(agent) == ["completed"]
+    async with agentloop.open_runtime(cfg) as rt2:
+        assert rt2.agents.list()[0].id != agent.id
+
+
+async def test_config_session_id_is_resume_or_create(tmp_path) -> None:
+    cfg = {
+        "persistence": {"backend": "sqlite", "path": str(tmp_path / "s.db")},
+        "agents": [{"id": "a", "session_id": "stable", "provider": "scripted", "model": "m",
+                    "cwd": "/work"}],
+    }
+    async with agentloop.open_runtime(cfg) as rt:
+        rt.llm.register("scripted", ScriptedModel(["one"]))
+        agent = rt.agents.get("stable")
+        assert agent is not None and agent.session.meta["cwd"] == "/work"
+        agent.followup("x")
+        await agent.wait_idle()
+    async with agentloop.open_runtime(cfg) as rt:
+        agent = rt.agents.get("stable")
+        assert agent is not None and agent.resumed
+        assert [m.text for m in agent.session.messages()] == ["x", "one"]
+
+
+async def test_config_resume_session_id_requires_a_stored_session(tmp_path) -> None:
+    cfg = {
+        "persistence": {"backend": "sqlite", "path": str(tmp_path / "s.db")},
+        "agents": [{"id": "a", "resume_session_id": "missing"}],
+    }
+    with pytest.raises(agentloop.SessionNotFound):
+        async with agentloop.open_runtime(cfg):
+            pass
+
+
+async def test_an_error_in_the_body_propagates_unwrapped() -> None:
+    with pytest.raises(KeyError):
+        async with agentloop.open_runtime():
+            raise KeyError("mine")
+
+
+async def test_unknown_plugin_name_is_a_config_error() -> None:
+    with pytest.raises(agentloop.ConfigError, match="'nope'"):
+        async with agentloop.open_runtime({"plugins": ["nope"]}):
+            pass
