@@ -295,10 +295,11 @@ class Agent:
 
     def _discard_all(self, outcome: str) -> bool:
         discarded = False
-        for target in _TARGETS:
+        target: Target
+        for target in ("next-turn", "next-step"):
             pending = self._next_turn if target == "next-turn" else self._next_step
             while pending:
-                self._discard(target, len(pending) - 1, outcome=outcome)  # type: ignore[arg-type]
+                self._discard(target, len(pending) - 1, outcome=outcome)
                 discarded = True
         return discarded
 
@@ -351,6 +352,10 @@ class Agent:
             self._turn_scope.cancel()
         return effective
 
+    def _stopping(self) -> bool:
+        # A call, not an attribute read, so type narrowing does not survive an await.
+        return self._disposing
+
     def _stop(self) -> None:
         """Begin disposal: no more input, the running turn ends ``disposed``."""
         if self._disposing:
@@ -385,7 +390,7 @@ class Agent:
                 assert scope is not None
                 self._wake_flag = False
                 await self._turn(scope)
-                if self._disposing:
+                if self._stopping():
                     return
                 if self._wake_flag or self._next_turn:
                     self._turn_scope = trio.CancelScope()
@@ -427,7 +432,7 @@ class Agent:
         except Exception as exc:  # noqa: BLE001 - a failing hook ends the turn, not the loop
             turn.reason, turn.error = "error", exc
             log.warning("agent %s: turn %d failed: %r", self.id, turn.number, exc)
-        if scope.cancel_called and turn.reason != "error":
+        if _cancel_called(scope) and turn.reason != "error":
             # Cancellation takes precedence even when the work finished before noticing it.
             turn.reason = "disposed" if self._disposing else "aborted"
         await self._close_turn(turn)
@@ -558,7 +563,7 @@ class Agent:
         # Adapter-filled fields are dropped, so the next step's route fills its own.
         if prepared.adapter_defaults:
             self._proposal = attrs.evolve(
-                effective, **dict.fromkeys(prepared.adapter_defaults)  # type: ignore[arg-type]
+                effective, **dict.fromkeys(prepared.adapter_defaults)
             )
         else:
             self._proposal = effective
@@ -683,6 +688,10 @@ class Agent:
         return _StepOutcome(reason, content, tool_calls)
 
 
+def _cancel_called(scope: trio.CancelScope) -> bool:
+    return scope.cancel_called
+
+
 def _tool_call(acc: Sequence[Any]) -> ToolCall:
     call_id, name, fragments = acc
     raw = "".join(fragments)
@@ -696,8 +705,6 @@ def _tool_call(acc: Sequence[Any]) -> ToolCall:
             pass
         else:
             if isinstance(parsed, dict):
-                try:
+                with contextlib.suppress(InvalidContent):
                     arguments = freeze(parsed)  # type: ignore[assignment]
-                except InvalidContent:
-                    pass
     return ToolCall(call_id or f"call_{uuid.uuid4().hex[:24]}", name or "", arguments)

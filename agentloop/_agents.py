@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import trio
 
@@ -64,6 +64,9 @@ def _seed_events(seed: Sequence[Any] | None) -> list[SessionEvent]:
     """Validate a forked prefix: ``SessionEvent`` values or ``{"type", "data", "turn"?}``."""
     out: list[SessionEvent] = []
     for i, item in enumerate(seed or ()):
+        type_: object
+        turn: object
+        payload: object
         if isinstance(item, SessionEvent):
             type_, turn, payload = item.type, item.turn, item.data
         elif isinstance(item, Mapping):
@@ -98,9 +101,9 @@ class AgentHandle:
 
     async def aclose(self) -> None:
         await dispose(self.agent)
-        self._owner._disown(self)  # noqa: SLF001
+        self._owner._disown(self)
 
-    async def __aenter__(self) -> AgentHandle:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -109,34 +112,34 @@ class AgentHandle:
 
 async def dispose(agent: Agent) -> None:
     """Start the agent's teardown if needed and wait for its quiescence boundary."""
-    rt = agent._rt  # noqa: SLF001
-    done = agent._teardown  # noqa: SLF001
+    rt = agent._rt
+    done = agent._teardown
     if done is None:
-        done = agent._teardown = trio.Event()  # noqa: SLF001
+        done = agent._teardown = trio.Event()
         rt.system_nursery.start_soon(_teardown, agent, done)
     await done.wait()
 
 
 async def _teardown(agent: Agent, done: trio.Event) -> None:
-    rt = agent._rt  # noqa: SLF001
+    rt = agent._rt
     try:
         # A dispose requested from inside a creation notification waits for it to unwind.
-        await agent._announced.wait()  # noqa: SLF001
-        agent._stop()  # noqa: SLF001
+        await agent._announced.wait()
+        agent._stop()
         with trio.move_on_after(CLOSE_GRACE):
-            await agent._driver_done.wait()  # noqa: SLF001
-        if not agent._driver_done.is_set():  # noqa: SLF001
+            await agent._driver_done.wait()
+        if not agent._driver_done.is_set():
             log.warning("agent %s ignored disposal for %ss; cancelling its scope",
                         agent.id, CLOSE_GRACE)
-        agent._scope.cancel()  # noqa: SLF001
-        await agent._driver_done.wait()  # noqa: SLF001
+        agent._scope.cancel()
+        await agent._driver_done.wait()
         with trio.move_on_after(CLOSE_GRACE, shield=True):
-            await agent._flush(agent.session.last_seq)  # noqa: SLF001
+            await agent._flush(agent.session.last_seq)
             if agent.ctx is not None:
                 await agent.ctx.aclose()
             await rt.release_persistence(agent)
     finally:
-        agent._set_status("disposed")  # noqa: SLF001
+        agent._set_status("disposed")
         if rt.agents.get(agent.id) is agent:
             del rt.agents[agent.id]
             rt.emit(AgentDisposed(agent.id))
@@ -274,7 +277,7 @@ async def _transaction(
                     await rt.persistence.release(session_id, rt.owner_id)
             raise
         handle = AgentHandle(agent, owner)
-        owner._own(handle)  # noqa: SLF001
+        owner._own(handle)
         _announce_and_start(rt, agent)
         return handle
 
@@ -285,7 +288,7 @@ def _enter(rt: Runtime, agent: Agent) -> None:
         raise SessionIdInUse(f"session id {agent.id!r} is already in use by a live agent")
     rt.agents[agent.id] = agent
     rt.sessions[agent.id] = agent.session
-    agent._published = True  # noqa: SLF001
+    agent._published = True
 
 
 def _announce_and_start(rt: Runtime, agent: Agent) -> None:
@@ -294,8 +297,8 @@ def _announce_and_start(rt: Runtime, agent: Agent) -> None:
         rt.emit(AgentCreated(agent.id))
         rt.emit(AgentSessionStart(agent.id, agent.resumed))
     finally:
-        agent._announced.set()  # noqa: SLF001
-    rt.agent_nursery.start_soon(agent._actor)  # noqa: SLF001
+        agent._announced.set()
+    rt.agent_nursery.start_soon(agent._actor)
 
 
 class AgentLoopService:
@@ -328,8 +331,8 @@ class AgentLoopService:
         except BaseException:
             scope.close_registrations()
             raise
-        agent._needs_lease = True  # noqa: SLF001
-        owner._own(AgentHandle(agent, owner))  # noqa: SLF001
+        agent._needs_lease = True
+        owner._own(AgentHandle(agent, owner))
         _announce_and_start(rt, agent)
         return agent
 

@@ -144,10 +144,14 @@ class EventBus:
         return cls in self._handlers
 
     def on(
-        self, cls: type[E], handler: Callable[[E], Any], *, priority: int = 0,
+        self,
+        cls: type[E],
+        handler: Callable[[E], Any],
+        *,
+        priority: int = 0,
         agent_id: str | None = None,
     ) -> Disposer:
-        """Register ``handler`` for ``cls``; higher ``priority`` runs first, then registration order.
+        """Register ``handler`` for ``cls``: higher ``priority`` first, then registration order.
 
         Control and durable events are dispatched synchronously, so their handlers must be plain
         functions; hooks accept plain or async handlers.
@@ -200,7 +204,7 @@ class EventBus:
         agent_id = getattr(event, "agent_id", None)
         for sub in subs:
             if sub.agent_id is None or sub.agent_id == agent_id:
-                sub._push(event)  # noqa: SLF001 - same module family
+                sub._push(event)
 
     async def emit(self, event: Event) -> Any:
         """Dispatch a hook and return its outcome.
@@ -261,4 +265,4 @@ class EventBus:
                     self._subs[cls] = remaining
                 else:
                     self._subs.pop(cls, None)
-            sub._end()  # noqa: SLF001
+            sub._end()

@@ -13,9 +13,9 @@ from typing import Any, NoReturn, TypeAlias
 
 from ._errors import InvalidContent
 
-__all__ = ["FrozenDict", "JSON", "freeze", "thaw", "freeze_trusted"]
+__all__ = ["FrozenDict", "JSON", "freeze", "freeze_object", "thaw", "freeze_trusted"]
 
-JSON: TypeAlias = "None | bool | int | float | str | tuple[JSON, ...] | FrozenDict"
+JSON: TypeAlias = "bool | int | float | str | tuple[JSON, ...] | FrozenDict | None"
 
 
 class FrozenDict(dict[str, Any]):
@@ -25,13 +25,14 @@ class FrozenDict(dict[str, Any]):
     """
 
     __slots__ = ("_hash",)
+    _hash: int
 
     def _refuse(self, *_: object, **__: object) -> NoReturn:
         raise TypeError("FrozenDict is immutable")
 
     __setitem__ = _refuse
     __delitem__ = _refuse
-    __ior__ = _refuse  # type: ignore[assignment]
+    __ior__ = _refuse
     clear = _refuse
     pop = _refuse
     popitem = _refuse
@@ -40,7 +41,7 @@ class FrozenDict(dict[str, Any]):
 
     def __hash__(self) -> int:  # type: ignore[override]
         try:
-            return self._hash  # type: ignore[no-any-return]
+            return self._hash
         except AttributeError:
             h = hash(frozenset(self.items()))
             object.__setattr__(self, "_hash", h)
@@ -105,6 +106,14 @@ def _freeze(value: object, path: str, active: set[int]) -> JSON:
         active.discard(key)
         return items
     _fail(path, f"{type(value).__name__} is not JSON-representable")
+
+
+def freeze_object(value: object) -> FrozenDict:
+    """Freeze a JSON object (a mapping); anything else raises ``InvalidContent``."""
+    frozen = freeze(value)
+    if not isinstance(frozen, FrozenDict):
+        raise InvalidContent(f"expected a JSON object, got {type(value).__name__}")
+    return frozen
 
 
 def freeze_trusted(mapping: Mapping[str, Any]) -> FrozenDict:

@@ -8,7 +8,7 @@ from typing import Any, Literal, NewType, TypeAlias
 import attrs
 
 from ._errors import ConfigError
-from ._json import JSON, FrozenDict, _iter_text, freeze
+from ._json import JSON, FrozenDict, _iter_text, freeze_object
 
 __all__ = [
     "MessageId",
@@ -158,7 +158,7 @@ class CallConfig:
     model: str | None = None
     reasoning_effort: str | None = attrs.field(default=None, validator=_non_empty_str_or_none)
     max_tokens: int | None = attrs.field(default=None, validator=_positive_int_or_none)
-    extra: FrozenDict = attrs.field(factory=FrozenDict, converter=lambda v: freeze(v))  # type: ignore[misc]
+    extra: FrozenDict = attrs.field(factory=FrozenDict, converter=freeze_object)
 
     def to_json(self) -> FrozenDict:
         return FrozenDict(

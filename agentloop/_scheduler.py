@@ -60,7 +60,7 @@ class _Slot:
 class _Run:
     def __init__(self, agent: Agent, turn: int, calls: Sequence[ToolCall]) -> None:
         self.agent = agent
-        self.rt = agent._rt  # noqa: SLF001 - the scheduler is part of the agent
+        self.rt = agent._rt
         self.session = agent.session
         self.turn = turn
         self.slots = [_Slot(c) for c in calls]
@@ -181,7 +181,9 @@ class _Run:
     # --- concurrent part -----------------------------------------------------------------
 
     async def _execute(self, slot: _Slot) -> None:
-        assert slot.tool is not None and slot.kwargs is not None and slot.arguments is not None
+        assert slot.tool is not None
+        assert slot.kwargs is not None
+        assert slot.arguments is not None
         tool, bus = slot.tool, self.rt.bus
         try:
             result: ToolResult | None = None
@@ -246,16 +248,17 @@ class _Run:
         for slot in self.slots:
             await self._prelude(slot)
             if slot.result is None:
-                assert slot.tool is not None and slot.arguments is not None
+                assert slot.tool is not None
+                assert slot.arguments is not None
                 if slot.tool.mode_for(slot.arguments) == "exclusive":
                     await self._wait_until(lambda: self.in_flight == 0)
                     bound = None  # the next parallel call opens a new group
                     self._start(nursery, slot)
-                    await self._wait_until(lambda s=slot: s.finished)  # type: ignore[misc]
+                    await self._wait_until(lambda s=slot: s.finished)
                 else:
                     if bound is None:
                         bound = self.rt.settings.get(MAX_PARALLEL_TOOL_CALLS)
-                    await self._wait_until(lambda b=bound: self.in_flight < b)  # type: ignore[misc]
+                    await self._wait_until(lambda b=bound: self.in_flight < b)
                     self._start(nursery, slot)
             await self._emit_ready()
         await self._wait_until(lambda: self.next_emit == len(self.slots))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal, TypeAlias
 
@@ -10,7 +9,7 @@ import attrs
 
 from ._bus import Disposer
 from ._errors import ToolDefinitionError
-from ._json import FrozenDict, freeze
+from ._json import FrozenDict, freeze_object
 from ._model import Content, ToolCall, ToolSpec
 
 __all__ = ["Tool", "ToolRegistry", "Concurrency", "Policy", "truncate_content"]
@@ -58,7 +57,7 @@ class Tool:
 
     name: str
     description: str
-    parameters: FrozenDict = attrs.field(converter=lambda v: freeze(v))  # type: ignore[misc]
+    parameters: FrozenDict = attrs.field(converter=freeze_object)
     run: Callable[..., Awaitable[Any]]
     concurrency: Concurrency = attrs.field(default="exclusive", validator=_check_concurrency)
     classify: Callable[[Mapping[str, Any]], Concurrency] | None = None
@@ -101,9 +100,9 @@ def tool_from_function(
     timeout: float | None = None,
     finalize_content: Callable[[Content], Content] | None = None,
 ) -> Tool:
-    from ._schema import describe_function
-
     import inspect
+
+    from ._schema import describe_function
 
     if not inspect.iscoroutinefunction(fn):
         raise ToolDefinitionError(f"tool {getattr(fn, '__name__', fn)!r} must be an async def")

@@ -152,10 +152,22 @@ class ScriptedModel:
         return _play(item)
 
 
-async def _raise(error: ProviderError) -> AsyncIterator[StreamPart]:
-    await trio.lowlevel.checkpoint()
-    raise error
-    yield  # pragma: no cover - makes this an async generator
+class _Failing:
+    """A stream that fails on its first step, the way a refused HTTP call does."""
+
+    def __init__(self, error: ProviderError) -> None:
+        self._error = error
+
+    def __aiter__(self) -> _Failing:
+        return self
+
+    async def __anext__(self) -> StreamPart:
+        await trio.lowlevel.checkpoint()
+        raise self._error
+
+
+def _raise(error: ProviderError) -> AsyncIterator[StreamPart]:
+    return _Failing(error)
 
 
 async def _play(r: Reply) -> AsyncIterator[StreamPart]:

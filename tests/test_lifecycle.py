@@ -6,18 +6,23 @@ from collections.abc import AsyncIterator
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
+from conftest import OPTIONS, of_type, turn_ends
 
 import agentloop
 from agentloop import events as ev
 from agentloop.testing import Finish, FunctionModel, ScriptedModel, TextDelta
-from conftest import OPTIONS, of_type, turn_ends
 
 
 def record(rt: agentloop.Context, *classes: type[ev.Event]) -> list[str]:
     out: list[str] = []
     for cls in classes:
-        rt.events.on(cls, lambda e, cls=cls: out.append(f"{cls.name}:{getattr(e, 'agent_id', '') or getattr(e, 'session_id', '')}"))
+        def note(e: ev.Event, cls: type[ev.Event] = cls) -> None:
+            who = getattr(e, "agent_id", "") or getattr(e, "session_id", "")
+            out.append(f"{cls.name}:{who}")
+
+        rt.events.on(cls, note)
     return out
 
 
@@ -138,7 +143,7 @@ async def test_same_id_arbitration_exactly_one_wins(rt, model) -> None:
 
     async def contender(i: int) -> None:
         async def setup(ctx: agentloop.Context) -> None:
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
 
         try:
             await rt.agents.create(session_id="dup", agent_options=OPTIONS, setup=setup)
@@ -233,7 +238,7 @@ async def test_owner_scope_closing_disposes_its_agents(rt, model) -> None:
     assert agent.status == "disposed" and handle.agent.status == "disposed"
 
 
-async def test_a_plugins_agents_die_with_the_plugin() -> None:
+async def test_a_plugins_agents_die_with_the_plugin(autojump_clock) -> None:
     made: list[agentloop.Agent] = []
 
     async def plugin(ctx: agentloop.Context, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -251,8 +256,9 @@ async def test_a_plugins_agents_die_with_the_plugin() -> None:
     with trio.fail_after(5):
         async with agentloop.open_runtime(plugins=[observer, plugin]) as rt:
             assert rt.agents.get("plugin-agent") is made[0]
-            while made[0].status != "disposed":
-                await trio.sleep(0.01)
+            disposed = trio.Event()
+            rt.events.on(ev.AgentDisposed, lambda e: disposed.set())
+            await disposed.wait()
             assert rt.agents.get("plugin-agent") is None
             assert failures == ["plugin"]
 
