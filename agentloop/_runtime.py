@@ -119,7 +119,7 @@ class Runtime:
         if backend is None:
             return
         session = agent.session
-        if agent._needs_lease:  # noqa: SLF001
+        if agent._needs_lease:
             await backend.acquire(session.id, self.owner_id)
         if not agent.resumed:
             await backend.create(session.id, session.meta)
@@ -224,12 +224,18 @@ async def _run_plugin(
                 return
             # A plugin that returned keeps its registrations until the runtime closes.
             await trio.sleep_forever()
-    except Exception as exc:  # noqa: BLE001 - a failing plugin is unloaded, not fatal
-        log.error("plugin %s failed and was unloaded: %r", name, exc, exc_info=exc)
-        rt.emit(PluginFailed(name, exc))
+    except Exception as exc:
+        # A misconfigured plugin must not silently leave the runtime running without it.
+        fatal = isinstance(exc, ConfigError) and not status.started_yet
+        if not fatal:
+            log.error("plugin %s failed and was unloaded: %r", name, exc, exc_info=exc)
+            rt.emit(PluginFailed(name, exc))
         with trio.move_on_after(30, shield=True):
             await ctx.aclose()
-    finally:
+        if fatal:
+            raise
+        status.started()
+    else:
         status.started()
 
 
@@ -303,8 +309,8 @@ async def _supervised(
 async def _shutdown(
     rt: Runtime, root: Context, loaded: list[tuple[Context, trio.CancelScope]]
 ) -> None:
-    rt._closing = True  # noqa: SLF001
-    await rt._inflight_done.wait()  # noqa: SLF001
+    rt._closing = True
+    await rt._inflight_done.wait()
     from ._agents import dispose
 
     async with trio.open_nursery() as nursery:

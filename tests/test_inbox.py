@@ -7,11 +7,11 @@ from collections.abc import AsyncIterator
 import pytest
 import trio
 import trio.testing
+from conftest import OPTIONS, check_history_valid, check_log_invariants, of_type, turn_ends
 
 import agentloop
 from agentloop import events as ev
 from agentloop.testing import Finish, FunctionModel, TextDelta, reply
-from conftest import OPTIONS, check_history_valid, check_log_invariants, of_type, turn_ends
 
 
 async def new_agent(rt: agentloop.Context, sid: str = "a") -> agentloop.Agent:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import attrs
 import pytest
 import trio
+from conftest import OPTIONS, check_history_valid, check_log_invariants, of_type, turn_ends, types
 
 import agentloop
 from agentloop import events as ev
@@ -21,7 +22,6 @@ from agentloop.testing import (
     ToolCallDelta,
     reply,
 )
-from conftest import OPTIONS, check_history_valid, check_log_invariants, of_type, turn_ends, types
 
 
 async def run_turn(rt: agentloop.Context, prompt: str = "hi", **kw: object) -> agentloop.Agent:
