@@ -104,6 +104,35 @@ def _freeze_content(content: object) -> Content:
     )
 
 
+class Latch:
+    """A one-shot event that allocates a ``trio.Event`` only if someone has to wait.
+
+    Idle agents are numerous; most latches are set before anyone waits on them.
+    """
+
+    __slots__ = ("_done", "_event")
+
+    def __init__(self) -> None:
+        self._done = False
+        self._event: trio.Event | None = None
+
+    def set(self) -> None:
+        self._done = True
+        if self._event is not None:
+            self._event.set()
+
+    def is_set(self) -> bool:
+        return self._done
+
+    async def wait(self) -> None:
+        if self._done:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._event is None:
+            self._event = trio.Event()
+        await self._event.wait()
+
+
 @attrs.frozen(slots=True)
 class Inbox:
     """A snapshot of an agent's pending input."""
@@ -134,6 +163,14 @@ class Agent:
     reported through ``agent/*`` events.
     """
 
+    __slots__ = (
+        "_announced", "_attached", "_cancel_cause", "_disposing", "_driver_done", "_driving",
+        "_idle", "_needs_lease", "_next_step", "_next_turn", "_proposal", "_published", "_rt",
+        "_scope", "_specs", "_specs_version", "_status", "_teardown", "_turn_scope", "_wake_flag",
+        "ctx",
+        "cwd", "id", "options", "resumed", "session",
+    )
+
     def __init__(
         self,
         rt: Runtime,
@@ -155,15 +192,15 @@ class Agent:
         self._disposing = False
         self._next_turn: list[InboxMessage] = []
         self._next_step: list[InboxMessage] = []
-        self._wake = trio.Event()
+        self._driving = False
+        self._attached = False
         self._wake_flag = False
         self._turn_scope: trio.CancelScope | None = None
         self._cancel_cause: str | None = None
-        self._idle = trio.Event()
-        self._idle.set()
-        self._scope = trio.CancelScope()
-        self._driver_done = trio.Event()
-        self._announced = trio.Event()
+        self._idle: trio.Event | None = None
+        self._scope: trio.CancelScope | None = None
+        self._driver_done = Latch()
+        self._announced = Latch()
         self._teardown: trio.Event | None = None
         self._proposal = CallConfig(
             provider=options.provider,
@@ -192,10 +229,9 @@ class Agent:
 
     def _set_status(self, status: Status) -> None:
         previous, self._status = self._status, status
-        if status == "idle":
+        if status != "running" and self._idle is not None:
             self._idle.set()
-        elif previous == "idle":
-            self._idle = trio.Event()
+            self._idle = None
         bus = self._rt.bus
         if previous != status and bus.has_listeners(AgentStatus):
             bus.emit_nowait(AgentStatus(self.id, status, previous))
@@ -203,6 +239,8 @@ class Agent:
     async def wait_idle(self) -> None:
         """Return once the agent is idle with no waking input pending (or disposed)."""
         while self._status == "running":
+            if self._idle is None:
+                self._idle = trio.Event()
             await self._idle.wait()
         await trio.lowlevel.checkpoint()
 
@@ -330,7 +368,13 @@ class Agent:
         self._cancel_cause = None
         self._wake_flag = True
         self._set_status("running")
-        self._wake.set()
+        self._start_driver()
+
+    def _start_driver(self) -> None:
+        # The driver task lives only while there is work: an idle agent holds no task.
+        if not self._driving and self._published:
+            self._driving = True
+            self._rt.agent_nursery.start_soon(self._actor)
 
     # --- run controls --------------------------------------------------------------------
 
@@ -365,26 +409,33 @@ class Agent:
         if self._turn_scope is not None and not self._turn_scope.cancel_called:
             self._cancel_cause = "disposed"
             self._turn_scope.cancel()
-        self._wake.set()
+        if not self._driving:
+            self._driver_done.set()
+
+    def _cancel_scope(self) -> None:
+        """Cancel the driver's scope (disposal, after the grace period)."""
+        if self._scope is not None:
+            self._scope.cancel()
 
     # --- the driver ----------------------------------------------------------------------
 
-    async def _actor(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def _actor(self) -> None:
         _current.set(self)
+        scope = self._scope = trio.CancelScope()
         try:
-            with self._scope:
-                task_status.started()
-                await self._rt.attach_persistence(self)
+            with scope:
+                if not self._attached:
+                    self._attached = True
+                    await self._rt.attach_persistence(self)
                 await self._drive()
         finally:
-            self._driver_done.set()
+            self._driving = False
+            self._scope = None
+            if self._disposing:
+                self._driver_done.set()
 
     async def _drive(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake = trio.Event()
-            if self._disposing:
-                return
+        while self._status == "running" and not self._stopping():
             while True:
                 scope = self._turn_scope
                 assert scope is not None

@@ -131,7 +131,7 @@ async def _teardown(agent: Agent, done: trio.Event) -> None:
         if not agent._driver_done.is_set():
             log.warning("agent %s ignored disposal for %ss; cancelling its scope",
                         agent.id, CLOSE_GRACE)
-        agent._scope.cancel()
+        agent._cancel_scope()
         await agent._driver_done.wait()
         with trio.move_on_after(CLOSE_GRACE, shield=True):
             await agent._flush(agent.session.last_seq)
@@ -298,7 +298,7 @@ def _announce_and_start(rt: Runtime, agent: Agent) -> None:
         rt.emit(AgentSessionStart(agent.id, agent.resumed))
     finally:
         agent._announced.set()
-    rt.agent_nursery.start_soon(agent._actor)
+    agent._start_driver()
 
 
 class AgentLoopService:

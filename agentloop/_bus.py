@@ -128,6 +128,12 @@ class Subscription(trio.abc.ReceiveChannel[Any]):
         await trio.lowlevel.checkpoint()
 
 
+def _owner(event: Event) -> str | None:
+    """The agent an event is about; a session event's session id is its agent's id."""
+    owner = getattr(event, "agent_id", None)
+    return owner if owner is not None else getattr(event, "session_id", None)
+
+
 class EventBus:
     """Registrations and dispatch for every :class:`Event` class."""
 
@@ -191,7 +197,7 @@ class EventBus:
         cls = type(event)
         handlers = self._handlers.get(cls)
         if handlers is not None:
-            agent_id = getattr(event, "agent_id", None)
+            agent_id = _owner(event)
             for h in handlers:
                 if h.agent_id is None or h.agent_id == agent_id:
                     h.fn(event)
@@ -201,7 +207,7 @@ class EventBus:
 
     @staticmethod
     def _deliver(subs: list[Subscription], event: Event) -> None:
-        agent_id = getattr(event, "agent_id", None)
+        agent_id = _owner(event)
         for sub in subs:
             if sub.agent_id is None or sub.agent_id == agent_id:
                 sub._push(event)
@@ -220,7 +226,7 @@ class EventBus:
         field = cls.waterfall_field
         if handlers is None:
             return getattr(event, field) if field is not None else None
-        agent_id = getattr(event, "agent_id", None)
+        agent_id = _owner(event)
         mode = cls.mode
         for h in handlers:
             if h.agent_id is not None and h.agent_id != agent_id:

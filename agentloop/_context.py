@@ -7,6 +7,7 @@ root context; each plugin and each programmatic agent gets a child context of it
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 from collections.abc import Callable
@@ -141,17 +142,29 @@ class Context:
         self._key = next(_ids)
         self._closed = False
         self._closing: trio.Event | None = None
-        self.events = EventsFacade(self)
-        self.tools = ToolsFacade(runtime.tools, self.track, agent_id)
-        self.llm = LLMFacade(self)
-        self.system_prompt = PromptFacade(self)
         if parent is not None:
             parent._children[self._key] = self
 
     def __repr__(self) -> str:
         return f"<Context {self.name}>"
 
-    # --- services ------------------------------------------------------------------------
+    # --- services (built on first use: agents' scopes are many and mostly idle) ----------
+
+    @functools.cached_property
+    def events(self) -> EventsFacade:
+        return EventsFacade(self)
+
+    @functools.cached_property
+    def tools(self) -> ToolsFacade:
+        return ToolsFacade(self.runtime.tools, self.track, self.agent_id)
+
+    @functools.cached_property
+    def llm(self) -> LLMFacade:
+        return LLMFacade(self)
+
+    @functools.cached_property
+    def system_prompt(self) -> PromptFacade:
+        return PromptFacade(self)
 
     @property
     def settings(self) -> Settings:

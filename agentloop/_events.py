@@ -2,8 +2,8 @@
 
 Three kinds of events travel on the bus:
 
-- **durable** events mirror the session log (``session/event``) and its flush barrier
-  (``session/flush``);
+- **durable** events mirror the session log (``session/event``); its flush barrier
+  (``session/flush``) is an awaited hook that persistence answers;
 - **control** events report what happened (``agent/status``, ``agent/created``, inbox splices,
   ``llm/retry``, ...). They are dispatched synchronously, at the moment they happen, to plain
   (non-async) handlers; use :meth:`Events.subscribe` to observe them from a task;
@@ -126,7 +126,7 @@ class Allow:
     """``tools/approval`` decision: run the call."""
 
 
-# --- durable --------------------------------------------------------------------------------
+# --- durable, and the flush barrier ---------------------------------------------------------
 
 
 @attrs.frozen(slots=True)

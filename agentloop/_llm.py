@@ -75,7 +75,8 @@ class LLMService:
         Runs under the caller's cancel scope. With no adapter for the route the proposed
         config is kept as is, so an ``llm/stream`` handler can still serve it.
         """
-        await trio.lowlevel.checkpoint()
+        # A cancellation point without a reschedule: the step yields plenty elsewhere.
+        await trio.lowlevel.checkpoint_if_cancelled()
         regs = self._routes.get(config.provider or "")
         if not regs:
             return PreparedCall(config, None, ())

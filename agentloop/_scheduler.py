@@ -229,13 +229,20 @@ class _Run:
     async def run(self) -> None:
         failure: Exception | None = None
         try:
-            async with trio.open_nursery() as nursery:
+            if len(self.slots) == 1:
+                # Nothing can overlap a lone call: skip the nursery and run it in place.
                 try:
-                    await self._dispatch_all(nursery)
-                except Exception as exc:  # noqa: BLE001 - reported after the drain
-                    # An internal failure stops new dispatches, but started calls finish.
+                    await self._dispatch_all(None)
+                except Exception as exc:  # noqa: BLE001 - reported below
                     failure = exc
-                    await self._wait_until(lambda: self.in_flight == 0)
+            else:
+                async with trio.open_nursery() as nursery:
+                    try:
+                        await self._dispatch_all(nursery)
+                    except Exception as exc:  # noqa: BLE001 - reported after the drain
+                        # An internal failure stops new dispatches; started calls finish.
+                        failure = exc
+                        await self._wait_until(lambda: self.in_flight == 0)
         except BaseException:
             self._abort_rest()
             raise
@@ -243,8 +250,15 @@ class _Run:
             self._abort_rest()
             raise failure
 
-    async def _dispatch_all(self, nursery: trio.Nursery) -> None:
+    async def _run_inline(self, slot: _Slot) -> None:
+        slot.started = True
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        await self._execute(slot)
+
+    async def _dispatch_all(self, nursery: trio.Nursery | None) -> None:
         bound: int | None = None
+        last = self.slots[-1]
         for slot in self.slots:
             await self._prelude(slot)
             if slot.result is None:
@@ -253,13 +267,16 @@ class _Run:
                 if slot.tool.mode_for(slot.arguments) == "exclusive":
                     await self._wait_until(lambda: self.in_flight == 0)
                     bound = None  # the next parallel call opens a new group
-                    self._start(nursery, slot)
-                    await self._wait_until(lambda s=slot: s.finished)
+                    # A barrier runs alone, so it runs on the driver task itself.
+                    await self._run_inline(slot)
                 else:
                     if bound is None:
                         bound = self.rt.settings.get(MAX_PARALLEL_TOOL_CALLS)
                     await self._wait_until(lambda b=bound: self.in_flight < b)
-                    self._start(nursery, slot)
+                    if nursery is None or (slot is last and self.in_flight == 0):
+                        await self._run_inline(slot)
+                    else:
+                        self._start(nursery, slot)
             await self._emit_ready()
         await self._wait_until(lambda: self.next_emit == len(self.slots))
 

@@ -143,6 +143,8 @@ class Session:
     Only the agent that drives a session appends to it.
     """
 
+    __slots__ = ("_bus", "_history", "_log", "_view", "id", "meta", "turns")
+
     def __init__(self, session_id: str, meta: FrozenDict, bus: EventBus) -> None:
         self.id = session_id
         self.meta = meta

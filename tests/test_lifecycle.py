@@ -412,3 +412,23 @@ async def test_unknown_plugin_name_is_a_config_error() -> None:
     with pytest.raises(agentloop.ConfigError, match="'nope'"):
         async with agentloop.open_runtime({"plugins": ["nope"]}):
             pass
+
+
+async def test_agent_scoped_observers_see_their_session_events_only(rt, model) -> None:
+    model.add("a", "b")
+    seen: list[tuple[str, str]] = []
+
+    async def flush(e: ev.SessionFlush) -> None:
+        seen.append(("flush", e.session_id))
+
+    async def setup(ctx: agentloop.Context) -> None:
+        ctx.events.on(ev.SessionEventAppended, lambda e: seen.append((e.event.type, e.session_id)))
+        ctx.events.on(ev.SessionFlush, flush)
+
+    h1 = await rt.agents.create(session_id="one", agent_options=OPTIONS, setup=setup)
+    h2 = await rt.agents.create(session_id="two", agent_options=OPTIONS)
+    for h in (h1, h2):
+        h.agent.followup("x")
+        await h.agent.wait_idle()
+    assert {who for _, who in seen} == {"one"}
+    assert ("turn/end", "one") in seen and ("flush", "one") in seen

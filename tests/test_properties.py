@@ -7,13 +7,13 @@ from typing import Any
 
 import trio
 import trio.testing
+from conftest import OPTIONS, check_history_valid, check_log_invariants
 from hypothesis import given
 from hypothesis import strategies as st
 
 import agentloop
 from agentloop import events as ev
 from agentloop.testing import Finish, FunctionModel, TextDelta, ToolCallDelta
-from conftest import OPTIONS, check_history_valid, check_log_invariants
 
 LEGAL = {("idle", "running"), ("running", "idle"), ("idle", "disposed"), ("running", "disposed")}
 

@@ -20,7 +20,7 @@ from trio.testing import MockClock
 
 import agentloop
 from agentloop import ConfigError, ProviderError
-from agentloop.events import AgentRequestError, LlmRetry, PluginFailed
+from agentloop.events import AgentRequestError, LlmRetry
 from agentloop.testing import Finish, FunctionModel, ScriptedModel, TextDelta
 
 OPTIONS = agentloop.AgentOptions(provider="scripted", model="m")
