@@ -426,7 +426,13 @@ class Agent:
             with scope:
                 if not self._attached:
                     self._attached = True
-                    await self._rt.attach_persistence(self)
+                    try:
+                        await self._rt.attach_persistence(self)
+                    except Exception as exc:  # noqa: BLE001 - ends this agent, not the runtime
+                        log.error("agent %s: could not attach its session to persistence (%s); "
+                                  "disposing it", self.id, exc)
+                        self._rt.dispose_soon(self)
+                        return
                 await self._drive()
         finally:
             self._driving = False
@@ -570,6 +576,7 @@ class Agent:
         attempt = 0
         while True:
             attempt += 1
+            failure: ProviderError | None = None
             try:
                 if not config.provider or not config.model:
                     raise ProviderError(
@@ -603,14 +610,16 @@ class Agent:
                     prepared, request, self.id))
                 break
             except ProviderError as err:
-                decision = None
-                if bus.has_handlers(AgentRequestError):
-                    decision = await bus.emit(
-                        AgentRequestError(self.id, turn.number, step, attempt, config, err)
-                    )
-                if isinstance(decision, Retry):
-                    continue
-                raise
+                failure = err
+            # Recovery runs outside the except block: a retry wait must not chain onto (or,
+            # when cancelled, discard) the provider error.
+            decision = None
+            if bus.has_handlers(AgentRequestError):
+                decision = await bus.emit(
+                    AgentRequestError(self.id, turn.number, step, attempt, config, failure)
+                )
+            if not isinstance(decision, Retry):
+                raise failure
         # Adapter-filled fields are dropped, so the next step's route fills its own.
         if prepared.adapter_defaults:
             self._proposal = attrs.evolve(

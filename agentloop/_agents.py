@@ -27,7 +27,7 @@ from ._events import (
 )
 from ._json import FrozenDict, freeze
 from ._model import AgentOptions, SessionEvent
-from ._session import Session
+from ._session import Session, validate_session_id
 
 if TYPE_CHECKING:
     from ._context import Context
@@ -38,16 +38,10 @@ __all__ = ["AgentHandle", "AgentsService", "AgentLoopService", "SessionsService"
 log = logging.getLogger("agentloop")
 
 Setup = Callable[["Context"], Awaitable[None]]
-_MAX_ID = 256
 
 
 def _check_id(session_id: object, what: str = "session_id") -> str:
-    if not isinstance(session_id, str) or not session_id or len(session_id) > _MAX_ID:
-        raise ValueError(f"{what} must be a non-empty string of at most {_MAX_ID} characters, "
-                         f"got {session_id!r}")
-    if any(ord(c) < 32 for c in session_id):
-        raise ValueError(f"{what} must not contain control characters, got {session_id!r}")
-    return session_id
+    return validate_session_id(session_id, what)
 
 
 def _freeze_meta(meta: Mapping[str, Any] | None) -> FrozenDict:
@@ -228,10 +222,8 @@ class AgentsService:
             )
         if resume_session_id in self._rt.agents:
             raise SessionIdInUse(f"session {resume_session_id!r} is already driven by a live agent")
-        stored = await backend.load(resume_session_id)
         return await _transaction(
-            self._ctx, resume_session_id, stored.meta, list(stored.events), agent_options,
-            setup, resumed=True,
+            self._ctx, resume_session_id, FrozenDict(), [], agent_options, setup, resumed=True
         )
 
 
@@ -254,17 +246,24 @@ async def _transaction(
             raise SessionIdInUse(
                 f"session {session_id!r} already exists in persistence; resume it instead"
             )
-        session = Session(session_id, meta, rt.bus)
-        session.load(events)
-        cwd = meta.get("cwd") if isinstance(meta.get("cwd"), str) else None
-        agent = Agent(rt, session, options or AgentOptions(), cwd=cwd, resumed=resumed)
-        scope = owner.child(f"agent:{session_id}", agent_id=session_id)
-        agent.ctx = scope
+        backend = rt.persistence
         leased = False
+        scope: Context | None = None
         try:
-            if rt.persistence is not None:
-                await rt.persistence.acquire(session_id, rt.owner_id)
+            if backend is not None:
+                await backend.acquire(session_id, rt.owner_id)
                 leased = True
+            if resumed:
+                # Loaded under the lease, so no other driver can append after this snapshot.
+                assert backend is not None
+                stored = await backend.load(session_id)
+                meta, events = stored.meta, list(stored.events)
+            session = Session(session_id, meta, rt.bus)
+            session.load(events)
+            cwd = meta.get("cwd") if isinstance(meta.get("cwd"), str) else None
+            agent = Agent(rt, session, options or AgentOptions(), cwd=cwd, resumed=resumed)
+            scope = owner.child(f"agent:{session_id}", agent_id=session_id)
+            agent.ctx = scope
             if setup is not None:
                 await setup(scope)
             await trio.lowlevel.checkpoint()
@@ -272,9 +271,10 @@ async def _transaction(
             _enter(rt, agent)
         except BaseException:
             with trio.move_on_after(CLOSE_GRACE, shield=True):
-                await scope.aclose()
-                if leased and rt.persistence is not None:
-                    await rt.persistence.release(session_id, rt.owner_id)
+                if scope is not None:
+                    await scope.aclose()
+                if leased and backend is not None:
+                    await backend.release(session_id, rt.owner_id)
             raise
         handle = AgentHandle(agent, owner)
         owner._own(handle)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import logging
 import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -25,6 +26,7 @@ from ._events import Event
 
 __all__ = ["EventBus", "Lagged", "Subscription", "Disposer"]
 
+log = logging.getLogger("agentloop")
 E = TypeVar("E", bound=Event)
 Handler = Callable[[Any], Any]
 
@@ -193,14 +195,21 @@ class EventBus:
         return Disposer(dispose)
 
     def emit_nowait(self, event: Event) -> None:
-        """Dispatch a control or durable event synchronously, to handlers then subscribers."""
+        """Dispatch a control or durable event synchronously, to handlers then subscribers.
+
+        A handler that raises is logged and skipped: observers cannot break what they observe.
+        """
         cls = type(event)
         handlers = self._handlers.get(cls)
         if handlers is not None:
             agent_id = _owner(event)
             for h in handlers:
                 if h.agent_id is None or h.agent_id == agent_id:
-                    h.fn(event)
+                    try:
+                        h.fn(event)
+                    except Exception:
+                        # An observer's bug must not break the state change it observes.
+                        log.exception("a %s handler failed", cls.name)
         subs = self._subs.get(cls)
         if subs is not None:
             self._deliver(subs, event)

@@ -67,6 +67,12 @@ class Runtime:
         self.agent_nursery: trio.Nursery
         self.root: Context
 
+    def dispose_soon(self, agent: Agent) -> None:
+        """Start an agent's teardown without waiting for it."""
+        from ._agents import dispose
+
+        self.system_nursery.start_soon(dispose, agent)
+
     def emit(self, event: Event) -> None:
         if self.bus.has_listeners(type(event)):
             self.bus.emit_nowait(event)

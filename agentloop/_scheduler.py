@@ -264,15 +264,21 @@ class _Run:
             if slot.result is None:
                 assert slot.tool is not None
                 assert slot.arguments is not None
-                if slot.tool.mode_for(slot.arguments) == "exclusive":
+                mode = slot.tool.mode_for(slot.arguments)
+                if mode == "parallel":
+                    if bound is None:
+                        bound = self.rt.settings.get(MAX_PARALLEL_TOOL_CALLS)
+                    if self.in_flight >= bound:
+                        await self._wait_until(lambda b=bound: self.in_flight < b)
+                        # Classification is decided right before the call starts.
+                        mode = slot.tool.mode_for(slot.arguments)
+                if mode == "exclusive":
                     await self._wait_until(lambda: self.in_flight == 0)
+                    await self._emit_ready()  # earlier results go out before the barrier
                     bound = None  # the next parallel call opens a new group
                     # A barrier runs alone, so it runs on the driver task itself.
                     await self._run_inline(slot)
                 else:
-                    if bound is None:
-                        bound = self.rt.settings.get(MAX_PARALLEL_TOOL_CALLS)
-                    await self._wait_until(lambda b=bound: self.in_flight < b)
                     if nursery is None or (slot is last and self.in_flight == 0):
                         await self._run_inline(slot)
                     else:

@@ -7,15 +7,34 @@ list plus a length, so taking one per step costs O(1) whatever the history's siz
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, overload
+from typing import Any, Final, overload
 
 from ._bus import EventBus
+from ._errors import InvalidContent
 from ._events import SessionEventAppended
 from ._json import FrozenDict
 from ._model import Message, SessionEvent, ToolCall
 
-__all__ = ["Session", "LogView", "HistoryView", "Reducer"]
+__all__ = ["Session", "LogView", "HistoryView", "Reducer", "validate_session_id"]
+
+_SESSION_ID: Final = re.compile(r"[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,127}")
+
+
+def validate_session_id(session_id: object, what: str = "session id") -> str:
+    """Return ``session_id`` if it is 1-128 characters of ``[A-Za-z0-9._:-]`` not starting with
+    ``.``; otherwise raise :class:`~agentloop.InvalidContent` naming it.
+
+    Ids are only ever used as keys (never raw in a path), but a narrow alphabet keeps them safe
+    to show, log and type.
+    """
+    if not isinstance(session_id, str) or _SESSION_ID.fullmatch(session_id) is None:
+        raise InvalidContent(
+            f"invalid {what} {session_id!r}: use 1 to 128 characters of A-Z a-z 0-9 . _ : -"
+            " not starting with '.'"
+        )
+    return session_id
 
 
 class LogView(Sequence[SessionEvent]):

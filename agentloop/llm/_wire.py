@@ -313,6 +313,7 @@ class HTTPStreamAdapter:
             ) from exc
         except ProviderError as exc:
             exc.message = self._scrub(exc.message)
+            exc.code = self._scrub(exc.code) if exc.code else exc.code
             exc.args = (exc.message,)
             raise
         finally:

@@ -17,7 +17,6 @@ import json
 import math
 import os
 import queue
-import re
 import socket
 import sqlite3
 import sys
@@ -33,6 +32,7 @@ from agentloop._errors import InvalidContent, PersistenceError, SessionNotFound
 from agentloop._json import FrozenDict
 from agentloop._model import SessionEvent
 from agentloop._persistence import SessionInfo, StoredSession
+from agentloop._session import validate_session_id
 
 __all__ = ["SqliteSessionStore", "StoreStats", "validate_session_id", "SCHEMA_VERSION"]
 
@@ -112,21 +112,9 @@ _DECODER: Final = json.JSONDecoder(
     object_pairs_hook=_frozen_object, parse_float=_finite_float, parse_constant=_reject_constant
 )
 
-_SESSION_ID: Final = re.compile(r"[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,127}")
 
 _T = TypeVar("_T")
 _Row: TypeAlias = tuple[str, int, str, "int | None", str]
-
-
-def validate_session_id(session_id: str) -> str:
-    """Return ``session_id`` if it is 1-128 characters of ``[A-Za-z0-9._:-]`` not starting with
-    ``.``; otherwise raise :class:`~agentloop.InvalidContent` naming it."""
-    if not isinstance(session_id, str) or _SESSION_ID.fullmatch(session_id) is None:
-        raise InvalidContent(
-            f"invalid session id {session_id!r}: use 1 to 128 characters of A-Z a-z 0-9 . _ : -"
-            " not starting with '.'"
-        )
-    return session_id
 
 
 @attrs.define(slots=True)

@@ -1,0 +1,397 @@
+"""One actor per MCP server: start it, register its tools, watch it, stop it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Generic, Protocol, TextIO, TypeVar
+
+import anyio
+import mcp.types as mt
+import trio
+from mcp import Client, MCPError, StdioServerParameters, stdio_client
+
+import agentloop
+from agentloop import Context, Disposer, Tool, ToolResult
+from agentloop._json import thaw
+from agentloop.events import PluginFailed
+
+from ._config import ServerConfig
+
+__all__ = ["ServerError", "start_servers", "render_result"]
+
+log = logging.getLogger("agentloop.mcp")
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+_STDERR_TAIL = 20
+_STDERR_LINE_LIMIT = 64 * 1024
+_STDERR_GRACE = 1.0
+_LIST_PAGE_LIMIT = 100
+
+
+class ServerError(agentloop.AgentLoopError):
+    """An MCP server failed to start or stopped; its tools were unregistered.
+
+    Attributes:
+        server: the server's configured name.
+        stderr: the last lines the server wrote to its stderr.
+    """
+
+    def __init__(self, message: str, *, server: str, stderr: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.server = server
+        self.stderr = tuple(stderr)
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if not self.stderr:
+            return text
+        return text + "\nlast lines of its stderr:\n" + "\n".join(self.stderr)
+
+
+class _ConnectionClosedError(ConnectionError):
+    """The server's stdout ended: it exited or closed the connection."""
+
+
+class _Receive(Protocol[T_co]):
+    async def receive(self) -> T_co: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _WatchedReceive(Generic[T]):
+    """The transport's read stream, setting ``closed`` when the connection ends.
+
+    The session reads this stream until the server's stdout closes, so the end of reading is
+    the earliest sign that the server exited.
+    """
+
+    def __init__(self, inner: _Receive[T], closed: trio.Event) -> None:
+        self._inner = inner
+        self._closed = closed
+
+    async def receive(self) -> T:
+        try:
+            return await self._inner.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            self._closed.set()
+            raise
+
+    def __aiter__(self) -> _WatchedReceive[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        self._closed.set()
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> _WatchedReceive[T]:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+@asynccontextmanager
+async def _stdio(
+    params: StdioServerParameters, errlog: TextIO, closed: trio.Event
+) -> AsyncIterator[Any]:
+    try:
+        async with stdio_client(params, errlog=errlog) as (read, write):
+            # The child holds its own copy now; ours would keep its stderr from ever ending.
+            errlog.close()
+            yield _WatchedReceive(read, closed), write
+    finally:
+        errlog.close()
+
+
+def _block_text(block: object) -> str:
+    if isinstance(block, mt.TextContent):
+        return str(block.text)
+    if isinstance(block, mt.ImageContent | mt.AudioContent):
+        kind = "image" if isinstance(block, mt.ImageContent) else "audio"
+        return f"[{kind}: {block.mime_type}, {len(block.data) * 3 // 4} bytes]"
+    if isinstance(block, mt.ResourceLink):
+        return f"[resource link: {block.uri} ({block.name})]"
+    if isinstance(block, mt.EmbeddedResource):
+        resource = block.resource
+        if isinstance(resource, mt.TextResourceContents):
+            return f"[resource: {resource.uri}]\n{resource.text}"
+        size = len(resource.blob) * 3 // 4
+        return f"[resource: {resource.uri}, {resource.mime_type or 'binary'}, {size} bytes]"
+    return f"[{getattr(block, 'type', 'unknown')} content]"
+
+
+def _compact(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _text_is_serialization(blocks: Sequence[object], structured: object) -> bool:
+    if not all(isinstance(b, mt.TextContent) for b in blocks):
+        return False
+    text = "".join(b.text for b in blocks if isinstance(b, mt.TextContent))
+    if not text.strip():
+        return True
+    try:
+        return bool(json.loads(text) == structured)
+    except ValueError:
+        return False
+
+
+def render_result(result: mt.CallToolResult) -> ToolResult:
+    """The agentloop result of an MCP ``CallToolResult``.
+
+    Content blocks are rendered as text, one per line (non-text blocks as a bracketed
+    placeholder naming their kind). Structured content is used instead, as compact JSON, only
+    when the text blocks are empty or merely its serialization (what the spec asks servers to
+    send for older clients): then both say the same and the compact form costs fewer tokens.
+    When the text says something else (a summary, or a bare value that a server framework
+    wrapped as ``{"result": ...}``), the text is what the server meant the model to read.
+    ``isError`` gives ``is_error=True`` with ``error_code="MCP_ERROR"``.
+    """
+    blocks = list(result.content)
+    structured = result.structured_content
+    if structured is not None and _text_is_serialization(blocks, structured):
+        body = _compact(structured)
+    else:
+        body = "\n".join(_block_text(b) for b in blocks)
+    if not result.is_error:
+        return ToolResult(body)
+    if not body:
+        body = "the tool reported an error"
+    if not body.lower().startswith("error"):
+        body = f"Error: {body}"
+    return ToolResult(body, is_error=True, error_code="MCP_ERROR")
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _describe(exc: BaseException) -> str:
+    leaf = _leaf(exc)
+    if isinstance(leaf, _ConnectionClosedError):
+        return str(leaf)
+    if isinstance(leaf, MCPError):
+        if leaf.code == mt.CONNECTION_CLOSED:
+            return "it closed the connection"
+        return f"MCP error {leaf.code}: {leaf.message}"
+    return f"{type(leaf).__name__}: {leaf}"
+
+
+class _ServerActor:
+    """Runs one server for as long as it lives, with its tools registered meanwhile."""
+
+    def __init__(self, ctx: Context, config: ServerConfig, separator: str) -> None:
+        self.ctx = ctx
+        self.config = config
+        self.separator = separator
+        self.client: Client | None = None
+        self.started = False
+        self.disposers: list[Disposer] = []
+        self.stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL)
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        """Serve until cancelled; a failure is reported, never raised."""
+        try:
+            await self._run(ready)
+        except Exception as exc:  # noqa: BLE001 - one server's failure must not stop the rest
+            self._drop_tools()
+            self._report(exc)
+        finally:
+            self._drop_tools()
+            ready()
+
+    async def _run(self, ready: Callable[[], None]) -> None:
+        errlog, stderr = _stderr_pipe()
+        drained = trio.Event()
+        failure: Exception | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._pump_stderr, stderr, drained)
+            try:
+                await self._serve(errlog, ready)
+            except Exception as exc:  # noqa: BLE001 - reported below, with the stderr tail
+                failure = exc
+            finally:
+                errlog.close()
+            if failure is None:
+                failure = _ConnectionClosedError("it closed the connection")
+            self._drop_tools()
+            # The server is gone, so its stderr ends soon; its last lines usually say why.
+            with trio.move_on_after(_STDERR_GRACE):
+                await drained.wait()
+            nursery.cancel_scope.cancel()
+        phase = "stopped" if self.started else "failed to start"
+        raise ServerError(
+            f"MCP server {self.name!r} {phase}: {_describe(failure)}",
+            server=self.name,
+            stderr=self.stderr_tail,
+        ) from failure
+
+    async def _serve(self, errlog: TextIO, ready: Callable[[], None]) -> None:
+        """Returns when the server's connection ends; raises when it cannot start."""
+        cfg = self.config
+        params = StdioServerParameters(
+            command=cfg.command, args=list(cfg.args), env=dict(cfg.env) or None, cwd=cfg.cwd
+        )
+        closed = trio.Event()
+        client = Client(
+            _stdio(params, errlog, closed),
+            client_info=mt.Implementation(name="agentloop", version=agentloop.__version__),
+        )
+        # Not trio.fail_after: the client's task groups outlive the startup phase, so the
+        # deadline has to live on the scope that encloses them and be lifted once started.
+        with trio.CancelScope(deadline=trio.current_time() + cfg.startup_timeout) as startup:
+            async with client:
+                tools = await _list_tools(client)
+                startup.deadline = math.inf
+                # An unload may have begun meanwhile; its scope closes before registering.
+                await trio.lowlevel.checkpoint_if_cancelled()
+                self.client = client
+                try:
+                    self._register(tools)
+                    self.started = True
+                    ready()
+                    await closed.wait()
+                finally:
+                    self.client = None
+        if startup.cancelled_caught:
+            raise TimeoutError(f"no answer within {cfg.startup_timeout} s")
+
+    async def _pump_stderr(self, stream: trio.lowlevel.FdStream, drained: trio.Event) -> None:
+        buffer = b""
+        try:
+            async with stream:
+                while chunk := await stream.receive_some():
+                    lines = (buffer + chunk).split(b"\n")
+                    buffer = lines.pop()
+                    if len(buffer) > _STDERR_LINE_LIMIT:
+                        lines.append(buffer)
+                        buffer = b""
+                    for line in lines:
+                        self._stderr_line(line)
+                if buffer:
+                    self._stderr_line(buffer)
+        finally:
+            drained.set()
+
+    def _stderr_line(self, raw: bytes) -> None:
+        line = raw.decode("utf-8", "replace").rstrip("\r")
+        self.stderr_tail.append(line)
+        log.debug("MCP server %r: %s", self.name, line)
+
+    def _register(self, tools: Sequence[mt.Tool]) -> None:
+        seen: set[str] = set()
+        for spec in tools:
+            name = f"{self.name}{self.separator}{spec.name}"
+            if name in seen:
+                log.warning("MCP server %r lists tool %r twice; using the first", self.name,
+                            spec.name)
+                continue
+            read_only = spec.annotations is not None and spec.annotations.read_only_hint is True
+            try:
+                tool = Tool(
+                    name,
+                    spec.description or spec.title or "",
+                    spec.input_schema,
+                    self._caller(spec.name),
+                    concurrency="parallel" if read_only else "exclusive",
+                    timeout=self.config.tool_timeout,
+                )
+            except (agentloop.AgentLoopError, TypeError, ValueError) as exc:
+                log.warning("MCP server %r: tool %r is left out: %s", self.name, spec.name, exc)
+                continue
+            seen.add(name)
+            self.disposers.append(self.ctx.tools.register(tool))
+
+    def _drop_tools(self) -> None:
+        while self.disposers:
+            self.disposers.pop()()
+
+    def _caller(self, tool_name: str) -> Callable[..., Any]:
+        async def run(**arguments: Any) -> ToolResult:
+            return await self._call(tool_name, arguments)
+
+        return run
+
+    async def _call(self, tool_name: str, arguments: dict[str, Any]) -> ToolResult:
+        client = self.client
+        if client is None:
+            return ToolResult.error("MCP_UNAVAILABLE", f"MCP server {self.name!r} is not running")
+        try:
+            result = await client.call_tool(tool_name, thaw(arguments))
+        except MCPError as exc:
+            if exc.code == mt.CONNECTION_CLOSED:
+                return ToolResult.error(
+                    "MCP_UNAVAILABLE", f"MCP server {self.name!r} closed the connection"
+                )
+            return ToolResult.error("MCP_ERROR", exc.message)
+        return render_result(result)
+
+    def _report(self, exc: Exception) -> None:
+        cause = _leaf(exc.__cause__ or exc)
+        # A missing command or a server that quit is explained by the message; a traceback
+        # only helps with the unexpected.
+        expected = isinstance(cause, OSError | MCPError | TimeoutError)
+        log.error("%s", exc, exc_info=None if expected else exc)
+        try:
+            self.ctx.events.emit_nowait(PluginFailed(f"mcp:{self.name}", exc))
+        except Exception:
+            log.exception("a plugin/failed observer failed on MCP server %r", self.name)
+
+
+def _stderr_pipe() -> tuple[TextIO, trio.lowlevel.FdStream]:
+    """A pipe for a server's stderr: the end to hand to the child, and ours to read."""
+    read_fd, write_fd = os.pipe()
+    return os.fdopen(write_fd, "w"), trio.lowlevel.FdStream(read_fd)
+
+
+async def _list_tools(client: Client) -> list[mt.Tool]:
+    tools: list[mt.Tool] = []
+    cursor: str | None = None
+    for _ in range(_LIST_PAGE_LIMIT):
+        page = await client.list_tools(cursor=cursor)
+        tools.extend(page.tools)
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    return tools
+
+
+async def start_servers(
+    nursery: trio.Nursery, ctx: Context, servers: Sequence[ServerConfig], separator: str
+) -> None:
+    """Start one actor per server in ``nursery``; returns once each registered or failed."""
+    waiting = {s.name for s in servers}
+    all_ready = trio.Event()
+
+    def ready_for(name: str) -> Callable[[], None]:
+        def ready() -> None:
+            waiting.discard(name)
+            if not waiting:
+                all_ready.set()
+
+        return ready
+
+    for server in servers:
+        nursery.start_soon(_ServerActor(ctx, server, separator).run, ready_for(server.name))
+    if waiting:
+        await all_ready.wait()
