@@ -1,6 +1,7 @@
 """The README's quick start: an agent with one tool, driven by a scripted model."""
 
 import trio
+
 import agentloop
 from agentloop.testing import ScriptedModel, reply
 
