@@ -432,3 +432,23 @@ async def test_agent_scoped_observers_see_their_session_events_only(rt, model) -
         await h.agent.wait_idle()
     assert {who for _, who in seen} == {"one"}
     assert ("turn/end", "one") in seen and ("flush", "one") in seen
+
+
+async def test_dispose_requested_during_the_created_notification_stays_paired(rt, model) -> None:
+    owner = rt.child("owner")
+    order: list[str] = []
+
+    async with trio.open_nursery() as nursery:
+
+        def on_created(e: ev.AgentCreated) -> None:
+            order.append("created")
+            # The owner closes (disposing its agent) from inside the notification.
+            nursery.start_soon(owner.aclose)
+            order.append("created-returned")
+
+        rt.events.on(ev.AgentCreated, on_created)
+        rt.events.on(ev.AgentSessionStart, lambda e: order.append("session-start"))
+        rt.events.on(ev.AgentDisposed, lambda e: order.append("disposed"))
+        await owner.agents.create(session_id="n", agent_options=OPTIONS)
+    assert order == ["created", "created-returned", "session-start", "disposed"]
+    assert rt.agents.get("n") is None
