@@ -654,30 +654,23 @@ class Agent:
             async with closing:
                 async for part in stream:
                     cls = type(part)
-                    if cls is TextDelta:
-                        if not part.text:
-                            continue
-                        seq = append(
-                            "assistant/chunk",
-                            FrozenDict(step=step, kind="text", delta=part.text),
-                            number,
-                        ).seq
-                        seqs.append(seq)
-                        visible.append(seq)
-                        text.append(part.text)
-                    elif cls is ReasoningDelta:
-                        if part.signature:
+                    if cls is TextDelta or cls is ReasoningDelta:
+                        is_text = cls is TextDelta
+                        if not is_text and part.signature:
                             signature = part.signature
                         if not part.text:
                             continue
                         seq = append(
                             "assistant/chunk",
-                            FrozenDict(step=step, kind="reasoning", delta=part.text),
+                            FrozenDict(
+                                step=step, kind="text" if is_text else "reasoning",
+                                delta=part.text,
+                            ),
                             number,
                         ).seq
                         seqs.append(seq)
                         visible.append(seq)
-                        reasoning.append(part.text)
+                        (text if is_text else reasoning).append(part.text)
                     elif cls is ToolCallDelta:
                         acc = calls.get(part.index)
                         if acc is None:

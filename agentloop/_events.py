@@ -463,32 +463,6 @@ class ToolResultEvent(Event):
     result: ToolResult
 
 
-ALL_EVENTS: tuple[type[Event], ...] = (
-    SessionEventAppended,
-    SessionFlush,
-    SessionCreated,
-    SessionDisposed,
-    AgentCreated,
-    AgentSessionStart,
-    AgentDisposed,
-    AgentStatus,
-    InboxSpliced,
-    InboxInserted,
-    InboxDiscarded,
-    InboxClaimed,
-    LlmRetry,
-    PluginFailed,
-    SettingChanged,
-    AgentPreStep,
-    AgentRequest,
-    AgentRequestError,
-    AgentStepResult,
-    AgentTurnContinuation,
-    AgentTurnEnd,
-    LlmStream,
-    ToolPreExecute,
-    ToolApproval,
-    ToolExecute,
-    ToolPostExecute,
-    ToolResultEvent,
-)
+# Every event class, in definition order (the order of the generated catalog). attrs builds a
+# new class for slotted classes, so the undecorated originals are filtered out.
+ALL_EVENTS: tuple[type[Event], ...] = tuple(c for c in Event.__subclasses__() if attrs.has(c))
