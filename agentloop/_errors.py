@@ -47,12 +47,15 @@ class ProviderError(AgentLoopError):
 
     def __init__(
         self,
-        message: str,
+        message: str = "",
         *,
         status: int | None = None,
         code: str | None = None,
         retry_after: float | None = None,
     ) -> None:
+        if not message:
+            parts = [f"HTTP {status}" if status is not None else "", code or ""]
+            message = " ".join(p for p in parts if p) or "provider error"
         super().__init__(message)
         self.message = message
         self.status = status
