@@ -33,6 +33,7 @@ from ._context import Context
 from ._errors import AgentLoopError, ConfigError, PersistenceError, SessionNotFound
 from ._events import PluginFailed, SessionEventAppended
 from ._model import AgentOptions, SessionEvent, content_text
+from ._runtime import open_runtime
 
 __all__ = ["main", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_INTERRUPTED"]
 
@@ -58,13 +59,21 @@ class CliError(Exception):
 
 @attrs.frozen
 class EnvProvider:
-    """A provider that needs only an API key in the environment."""
+    """A provider that needs only an API key in the environment.
+
+    ``<NAME>_BASE_URL`` (``OPENAI_BASE_URL``, ...) overrides the endpoint, for proxies and
+    compatible servers.
+    """
 
     name: str
     key_var: str
     kind: Literal["openai", "anthropic"]
     base_url: str
     model: str
+
+    def endpoint(self, environ: Mapping[str, str]) -> str:
+        """The base URL to call: the override variable's value, else the public API."""
+        return environ.get(f"{self.name.upper()}_BASE_URL") or self.base_url
 
 
 ENV_PROVIDERS: Final = (
@@ -156,7 +165,7 @@ def _register_env_provider(rt: Context, env: EnvProvider, environ: Mapping[str, 
 
     key = environ[env.key_var]
     cls = OpenAIChatAdapter if env.kind == "openai" else AnthropicAdapter
-    rt.llm.register(env.name, cls(env.base_url, api_key=key))
+    rt.llm.register(env.name, cls(env.endpoint(environ), api_key=key))
 
 
 # --- the plan of one run/chat ---------------------------------------------------------------
@@ -388,12 +397,18 @@ async def _live_agent(
     plan: Plan, command: str, environ: Mapping[str, str]
 ) -> AsyncIterator[tuple[Context, Agent]]:
     """Open the runtime, check that what the plan needs loaded, and yield it with the agent."""
-    import agentloop
-
     failures: list[PluginFailed] = []
+    started = False
+
+    def on_failure(event: PluginFailed) -> None:
+        failures.append(event)
+        if started:
+            # The provider it served is gone; the next model call will fail on that.
+            sys.stderr.write(f"{PROG}: warning: plugin {event.plugin} stopped: "
+                             f"{_one_line(_error_text(event.error))}\n")
 
     async def watch_plugins(ctx: Context) -> None:
-        ctx.events.on(PluginFailed, failures.append)
+        ctx.events.on(PluginFailed, on_failure)
         await trio.lowlevel.checkpoint()
 
     plugins: list[Any] = [watch_plugins]
@@ -402,14 +417,12 @@ async def _live_agent(
 
         plugins.append(sqlite(plan.db))
     if plan.load_local:
-        local = _local_module()
-        plugins.append(local.plugin)
-    async with agentloop.open_runtime(plan.config, plugins=plugins) as rt:
-        for failure in failures:
-            error = failure.error
-            if isinstance(error, (AgentLoopError, OSError)):
-                raise CliError(str(error))
-            raise CliError(f"plugin {failure.plugin} failed: {error!r}")
+        plugins.append("local")
+    async with open_runtime(plan.config, plugins=plugins) as rt:
+        if failures:
+            failure = failures[0]
+            raise CliError(f"plugin {failure.plugin} failed: {_error_text(failure.error)}")
+        started = True
         if plan.route.env is not None:
             _register_env_provider(rt, plan.route.env, environ)
         session_id = plan.resume or plan.session or _fresh_id(command)
@@ -429,6 +442,12 @@ async def _live_agent(
             )
         async with handle:
             yield rt, handle.agent
+
+
+def _error_text(error: BaseException) -> str:
+    if isinstance(error, (AgentLoopError, OSError)):
+        return str(error) or type(error).__name__
+    return repr(error)
 
 
 def _turn_exit(printer: Printer, interrupts: _Interrupts) -> int:

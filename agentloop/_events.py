@@ -465,4 +465,6 @@ class ToolResultEvent(Event):
 
 # Every event class, in definition order (the order of the generated catalog). attrs builds a
 # new class for slotted classes, so the undecorated originals are filtered out.
-ALL_EVENTS: tuple[type[Event], ...] = tuple(c for c in Event.__subclasses__() if attrs.has(c))
+ALL_EVENTS: tuple[type[Event], ...] = tuple(
+    c for c in Event.__subclasses__() if "__attrs_attrs__" in c.__dict__
+)

