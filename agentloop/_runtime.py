@@ -231,8 +231,9 @@ async def _run_plugin(
             # A plugin that returned keeps its registrations until the runtime closes.
             await trio.sleep_forever()
     except Exception as exc:
-        # A misconfigured plugin must not silently leave the runtime running without it.
-        fatal = isinstance(exc, ConfigError) and not status.started_yet
+        # A misconfigured plugin, or a store that cannot open, must not silently leave the
+        # runtime running without it: before started() those fail open_runtime itself.
+        fatal = isinstance(exc, (ConfigError, PersistenceError)) and not status.started_yet
         if not fatal:
             log.error("plugin %s failed and was unloaded: %r", name, exc, exc_info=exc)
             rt.emit(PluginFailed(name, exc))

@@ -550,3 +550,23 @@ async def test_step_result_and_status_events(rt, model) -> None:
     await run_turn(rt)
     assert statuses == [("idle", "running"), ("running", "idle")]
     assert results == ["hey"]
+
+
+async def test_a_call_stays_pinned_to_the_registration_it_was_prepared_with(rt) -> None:
+    first = ScriptedModel(["from the first"], defaults=agentloop.llm.AdapterDefaults(
+        max_tokens=11))
+    second = ScriptedModel(["from the second"], defaults=agentloop.llm.AdapterDefaults(
+        max_tokens=22))
+    rt.llm.register("scripted", first)
+
+    def swap(e: ev.SessionEventAppended) -> None:
+        # Re-register between preparation (header logged) and dispatch.
+        if e.event.type == "request/header":
+            rt.llm.register("scripted", second)
+
+    rt.events.on(ev.SessionEventAppended, swap)
+    agent = await run_turn(rt)
+    header = of_type(agent, "request/header")[0].data
+    assert header["config"]["max_tokens"] == 11
+    assert agent.session.messages()[-1].text == "from the first"
+    assert len(first.requests) == 1 and second.requests == []

@@ -564,3 +564,11 @@ async def test_agent_loop_create_of_a_stored_id_does_not_take_the_runtime_down(
             handle = await rt.agents.create(session_id="other", agent_options=OPTIONS)
             await idle_after(handle.agent, "hi")
             assert turn_ends(handle.agent) == ["completed"]
+
+
+async def test_a_store_that_cannot_open_fails_the_runtime_start(tmp_path: Path) -> None:
+    db = tmp_path / "broken.db"
+    db.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(agentloop.PersistenceError, match=r"broken\.db"):
+        async with agentloop.open_runtime(sqlite_config(db)):
+            pass
