@@ -362,10 +362,10 @@ async def test_current_agent_is_visible_to_tools_and_hooks(rt, model) -> None:
 
 
 async def test_config_agents_get_fresh_labelled_sessions() -> None:
-    cfg = {"agents": [{"id": "helper", "provider": "scripted", "model": "m"}]}
+    cfg = {"agents": [{"id": "scout", "provider": "scripted", "model": "m"}]}
     async with agentloop.open_runtime(cfg) as rt:
         (agent,) = rt.agents.list()
-        assert agent.id.startswith("helper-session-")
+        assert agent.id.startswith("scout-session-")
         rt.llm.register("scripted", ScriptedModel(["hi"]))
         agent.followup("x")
         await agent.wait_idle()
