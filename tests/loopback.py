@@ -19,6 +19,10 @@ from typing import Any
 import attrs
 import trio
 
+from agentloop import CallConfig, Message, ToolSpec
+from agentloop._model import StreamPart
+from agentloop.llm import LLMRequest
+
 STREAMS = Path(__file__).resolve().parents[1].parent / "shared" / "streams"
 
 
@@ -252,3 +256,24 @@ def named_sse(*events: tuple[str, object]) -> bytes:
         f"event: {name}\ndata: {d if isinstance(d, str) else json.dumps(d)}\n\n"
         for name, d in events
     ).encode()
+
+
+# --- shared by the adapter tests --------------------------------------------------------------
+
+
+def make_request(
+    messages: tuple[Message, ...] = (Message("user", "hi"),),
+    *,
+    system: str = "",
+    tools: tuple[ToolSpec, ...] = (),
+    **config: Any,
+) -> LLMRequest:
+    """A request for the adapters under test (``model`` defaults to ``"test-model"``)."""
+    config.setdefault("model", "test-model")
+    return LLMRequest(system=system, messages=messages, tools=tools, config=CallConfig(**config))
+
+
+async def collect(adapter: Any, request: LLMRequest) -> list[StreamPart]:
+    """Every part of one adapter stream, closing it properly."""
+    async with contextlib.aclosing(adapter.stream(request)) as parts:
+        return [part async for part in parts]

@@ -14,7 +14,6 @@ from loopback import Hang, serve
 from agentloop._errors import ProviderError
 from agentloop._json import freeze
 from agentloop._model import (
-    CallConfig,
     Finish,
     LLMRequest,
     Message,
@@ -32,24 +31,15 @@ from agentloop.llm._wire import dumps
 KEY = "sk-ant-test-0123456789-SECRET"
 
 
-def frozen(value: object) -> Any:
-    return freeze(value)
+frozen = freeze
 
 
-def make_request(
-    messages: tuple[Message, ...] = (Message("user", "hi"),),
-    *,
-    system: str = "",
-    tools: tuple[ToolSpec, ...] = (),
-    **config: Any,
-) -> LLMRequest:
+def make_request(*args: Any, **config: Any) -> LLMRequest:
     config.setdefault("model", "claude-test")
-    return LLMRequest(system=system, messages=messages, tools=tools, config=CallConfig(**config))
+    return loopback.make_request(*args, **config)
 
 
-async def collect(adapter: AnthropicAdapter, request: LLMRequest) -> list[StreamPart]:
-    async with contextlib.aclosing(adapter.stream(request)) as parts:
-        return [part async for part in parts]
+collect = loopback.collect
 
 
 async def run(handler: loopback.Handler, request: LLMRequest | None = None) -> list[StreamPart]:

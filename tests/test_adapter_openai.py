@@ -39,24 +39,15 @@ httpx_early_close = pytest.mark.filterwarnings(
 )
 
 
-def frozen(value: object) -> Any:
-    return freeze(value)
+frozen = freeze
 
 
-def make_request(
-    messages: tuple[Message, ...] = (Message("user", "hi"),),
-    *,
-    system: str = "",
-    tools: tuple[ToolSpec, ...] = (),
-    **config: Any,
-) -> LLMRequest:
+def make_request(*args: Any, **config: Any) -> LLMRequest:
     config.setdefault("model", "gpt-test")
-    return LLMRequest(system=system, messages=messages, tools=tools, config=CallConfig(**config))
+    return loopback.make_request(*args, **config)
 
 
-async def collect(adapter: OpenAIChatAdapter, request: LLMRequest) -> list[StreamPart]:
-    async with contextlib.aclosing(adapter.stream(request)) as parts:
-        return [part async for part in parts]
+collect = loopback.collect
 
 
 async def run(handler: loopback.Handler, request: LLMRequest | None = None) -> list[StreamPart]:
