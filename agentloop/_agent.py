@@ -167,6 +167,7 @@ class Agent:
         "_announced", "_attached", "_cancel_cause", "_disposing", "_driver_done", "_driving",
         "_idle", "_needs_lease", "_next_step", "_next_turn", "_proposal", "_published", "_rt",
         "_scope", "_specs", "_specs_version", "_status", "_teardown", "_turn_scope", "_wake_flag",
+        "_waking",
         "ctx",
         "cwd", "id", "options", "resumed", "session",
     )
@@ -192,6 +193,9 @@ class Agent:
         self._disposing = False
         self._next_turn: list[InboxMessage] = []
         self._next_step: list[InboxMessage] = []
+        # Ids of pending next-step messages that were sent to wake (steer): only those
+        # continue a turn; an injection waits for the next step something else causes.
+        self._waking: set[str] = set()
         self._driving = False
         self._attached = False
         self._wake_flag = False
@@ -276,6 +280,8 @@ class Agent:
             freeze(source, path="source"),
         )
         pending = self._next_turn if target == "next-turn" else self._next_step
+        if wakeup and target == "next-step":
+            self._waking.add(message.id)
         self._splice(target, len(pending), 0, (message,), None)
         bus = self._rt.bus
         if bus.has_listeners(InboxInserted):
@@ -354,6 +360,11 @@ class Agent:
             # Published before the change, so an observer can still read what is removed.
             bus.emit_nowait(InboxSpliced(self.id, target, index, delete_count, inserted, outcome))
         pending = self._next_turn if target == "next-turn" else self._next_step
+        if delete_count and target == "next-step" and self._waking:
+            kept = {m.id for m in inserted}  # an edit replaces a message under the same id
+            for gone in pending[index : index + delete_count]:
+                if gone.id not in kept:
+                    self._waking.discard(gone.id)
         pending[index : index + delete_count] = inserted
 
     def _request_wake(self) -> None:
@@ -476,7 +487,7 @@ class Agent:
         return tuple(m for _, m in batch)
 
     async def _turn(self, scope: trio.CancelScope) -> None:
-        if scope.cancel_called or not (self._next_turn or self._next_step):
+        if scope.cancel_called or not (self._next_turn or self._waking):
             # Cancelled before it began, or its input was removed: no durable turn.
             await trio.lowlevel.checkpoint()
             return
@@ -537,7 +548,7 @@ class Agent:
                 turn.max_tokens = True
             if outcome.tool_calls:
                 await run_tool_calls(self, turn.number, outcome.tool_calls)
-            proceed = bool(outcome.tool_calls) or bool(self._next_step)
+            proceed = bool(outcome.tool_calls) or bool(self._waking)
             if bus.has_handlers(AgentTurnContinuation):
                 proceed = bool(
                     await bus.emit(AgentTurnContinuation(self.id, turn.number, step, proceed))

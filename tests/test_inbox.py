@@ -358,3 +358,42 @@ async def test_wait_idle_with_all_tasks_blocked(rt, model) -> None:
     await trio.testing.wait_all_tasks_blocked()
     assert agent.status == "idle"
     assert turn_ends(agent) == ["completed"]
+
+
+async def test_an_injection_does_not_extend_a_turn_and_waits_for_the_next(rt, model) -> None:
+    model.add("first answer", "second answer")
+    agent = await new_agent(rt)
+
+    def inject_once(e: ev.AgentStepResult) -> None:
+        if e.turn == 1:
+            agent.inject("context for later")
+
+    rt.events.on(ev.AgentStepResult, inject_once)
+    agent.followup("one")
+    await agent.wait_idle()
+    assert turn_ends(agent) == ["completed"]
+    assert len(model.requests) == 1  # the injection did not cause another model call
+    assert [m.content for m in agent.inbox.next_step] == ["context for later"]
+    agent.followup("two")
+    await agent.wait_idle()
+    claimed = [(e.type, e.data["content"], e.turn) for e in agent.session.events
+               if e.type in ("user/message", "steering/message")]
+    assert claimed[-2:] == [("steering/message", "context for later", 2),
+                            ("user/message", "two", 2)]
+
+
+async def test_an_edited_steer_still_continues_the_turn(rt, model) -> None:
+    model.add("first", "after steering")
+    agent = await new_agent(rt)
+
+    def steer_once(e: ev.AgentStepResult) -> None:
+        if e.step == 1:
+            mid = agent.steer("go left")
+            agent.edit(mid, "go right")
+
+    rt.events.on(ev.AgentStepResult, steer_once)
+    agent.followup("start")
+    await agent.wait_idle()
+    assert len(model.requests) == 2
+    assert model.requests[1].messages[-1].text == "go right"
+    assert turn_ends(agent) == ["completed"]
