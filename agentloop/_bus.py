@@ -252,15 +252,14 @@ class EventBus:
                 event = attrs.evolve(event, **{field: result})  # type: ignore[misc]
         return getattr(event, field) if field is not None else None
 
-    @asynccontextmanager
-    async def subscribe(
+    def open_subscription(
         self,
         classes: type[Event] | tuple[type[Event], ...],
         *,
         capacity: float = 65536,
         agent_id: str | None = None,
-    ) -> AsyncIterator[Subscription]:
-        """Yield a receive channel of the given event classes until the block exits."""
+    ) -> tuple[Subscription, Disposer]:
+        """A subscription and the disposer that detaches (and ends) it."""
         if not isinstance(classes, tuple):
             classes = (classes,)
         for cls in classes:
@@ -271,9 +270,8 @@ class EventBus:
         sub = Subscription(classes, capacity, agent_id)
         for cls in classes:
             self._subs[cls] = [*self._subs.get(cls, ()), sub]
-        try:
-            yield sub
-        finally:
+
+        def detach() -> None:
             for cls in classes:
                 remaining = [s for s in self._subs.get(cls, ()) if s is not sub]
                 if remaining:
@@ -281,3 +279,20 @@ class EventBus:
                 else:
                     self._subs.pop(cls, None)
             sub._end()
+
+        return sub, Disposer(detach)
+
+    @asynccontextmanager
+    async def subscribe(
+        self,
+        classes: type[Event] | tuple[type[Event], ...],
+        *,
+        capacity: float = 65536,
+        agent_id: str | None = None,
+    ) -> AsyncIterator[Subscription]:
+        """Yield a receive channel of the given event classes until the block exits."""
+        sub, detach = self.open_subscription(classes, capacity=capacity, agent_id=agent_id)
+        try:
+            yield sub
+        finally:
+            detach()

@@ -61,18 +61,22 @@ _KIND_INTROS: dict[Kind, str] = {
     "durable": """\
 Durable events mirror the session's append-only log: `session/event` is emitted once for
 every appended event, in `seq` order, at the moment of the append. Dispatch is synchronous:
-handlers must be plain functions (registering an `async def` raises `TypeError`), their return
-value is ignored, and they run on the agent's hot path, so a handler should only record or
-queue what it needs (a persistence backend queues the event and writes it at the next
-`session/flush`). To await something in response, observe the events from a task with
-`ctx.events.subscribe` (see [Subscriptions](#subscriptions-and-lagged)).
+a plain function registered with `ctx.events.on` runs right there, on the agent's hot path, so
+it should only record or queue what it needs (a persistence backend queues the event and
+writes it at the next `session/flush`); its return value is ignored, and if it raises, the
+error is logged and dispatch goes on. An `async def` handler registered with `ctx.events.on`
+becomes an observer task that receives the events in order without holding up the emitter;
+the same is available directly with `ctx.events.subscribe` (see
+[Subscriptions](#subscriptions-and-lagged)).
 """,
     "control": """\
 Control events report what happened: status changes, creation and disposal, inbox changes,
 retries, failing plugins, settings. They are dispatched synchronously, at the moment they
-happen and before the emitting code goes on, to plain (non-async) handlers; an `async def`
-handler is refused with `TypeError`, and return values are ignored. To react with I/O, observe
-them from a task with `ctx.events.subscribe` (see [Subscriptions](#subscriptions-and-lagged)).
+happen and before the emitting code goes on, to plain functions (return values are ignored; a
+handler that raises is logged and skipped). An `async def` handler registered with
+`ctx.events.on` becomes an observer task that receives them in order without holding up the
+emitter, like a subscriber of `ctx.events.subscribe` (see
+[Subscriptions](#subscriptions-and-lagged)). The bare `EventBus.on` refuses async handlers.
 """,
     "hook": """\
 Hooks are awaited at the loop's checkpoints: the emitter waits until every handler has run.

@@ -8,6 +8,7 @@ root context; each plugin and each programmatic agent gets a child context of it
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 import logging
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
-from ._bus import Disposer
+from ._bus import Disposer, Lagged
 from ._events import Event
 from ._tools import ToolsFacade
 
@@ -34,6 +35,12 @@ E = TypeVar("E", bound=Event)
 _ids = itertools.count(1)
 
 
+def _is_async(handler: object) -> bool:
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None)  # noqa: B004 - async callable objects
+    )
+
+
 class EventsFacade:
     """``ctx.events``: hooks and subscriptions owned by the context."""
 
@@ -42,13 +49,44 @@ class EventsFacade:
         self._bus = ctx.runtime.bus
 
     def on(self, cls: type[E], handler: Callable[[E], Any], *, priority: int = 0) -> Disposer:
-        """Register an awaited hook (or a synchronous observer of a control event).
+        """Register a handler for ``cls``; the registration ends with this scope.
 
-        Inside an agent's scope (its ``setup``) the handler only sees that agent's events.
+        Hooks are awaited, sync or async. Control and durable events are dispatched
+        synchronously at the moment they happen: a plain function runs right there; an async
+        handler runs as an observer task that receives them in order, without holding up
+        the emitter. Inside an agent's scope (its ``setup``) the handler only sees that
+        agent's events.
         """
-        return self._ctx.track(
-            self._bus.on(cls, handler, priority=priority, agent_id=self._ctx.agent_id)
-        )
+        agent_id = self._ctx.agent_id
+        if cls.kind == "hook" or not _is_async(handler):
+            return self._ctx.track(self._bus.on(cls, handler, priority=priority,
+                                                agent_id=agent_id))
+        sub, detach = self._bus.open_subscription(cls, agent_id=agent_id)
+        scope = trio.CancelScope()
+
+        async def observe() -> None:
+            with scope:
+                while True:
+                    try:
+                        event = await sub.receive()
+                    except trio.EndOfChannel:
+                        return
+                    if isinstance(event, Lagged):
+                        log.warning("an async %s handler fell %d events behind and missed them",
+                                    cls.name, event.missed)
+                        continue
+                    try:
+                        await handler(event)
+                    except Exception:
+                        log.exception("an async %s handler failed", cls.name)
+
+        self._ctx.runtime.system_nursery.start_soon(observe)
+
+        def stop() -> None:
+            detach()
+            scope.cancel()
+
+        return self._ctx.track(Disposer(stop))
 
     def subscribe(
         self, classes: type[Event] | tuple[type[Event], ...], *, capacity: float = 65536

@@ -173,3 +173,29 @@ async def test_a_failing_synchronous_observer_is_isolated(rt, model, caplog) -> 
     await handle.agent.wait_idle()
     assert handle.agent.session.events[-1].data["reason"] == "completed"
     assert "observer bug" in caplog.text
+
+
+async def test_an_async_handler_of_a_control_event_observes_in_order(rt, model) -> None:
+    seen: list[tuple[str, str]] = []
+    done = trio.Event()
+
+    async def on_status(e: ev.AgentStatus) -> None:
+        await trio.lowlevel.checkpoint()  # the emitter never waits for an async observer
+        seen.append((e.previous, e.status))
+        if e.status == "idle":
+            done.set()
+
+    disposer = rt.events.on(ev.AgentStatus, on_status)
+    model.add("ok")
+    handle = await rt.agents.create(session_id="s", agent_options=agentloop.AgentOptions(
+        provider="scripted", model="m"))
+    handle.agent.followup("x")
+    with trio.fail_after(5):
+        await done.wait()
+    assert seen == [("idle", "running"), ("running", "idle")]
+    disposer()
+    model.add("again")
+    handle.agent.followup("y")
+    await handle.agent.wait_idle()
+    await trio.testing.wait_all_tasks_blocked()
+    assert len(seen) == 2
