@@ -27,7 +27,7 @@ from ._events import (
 from ._http import open_shared_client
 from ._json import FrozenDict
 from ._llm import LLMService, SystemPrompt
-from ._model import AgentOptions
+from ._model import AgentOptions, SessionEvent
 from ._session import data
 from ._settings import Settings, flatten_settings
 from ._tools import ToolRegistry
@@ -146,24 +146,52 @@ class Runtime:
 def recover_crashed_turn(session: Session) -> None:
     """Close a turn a crash left open, so the history is valid for every provider.
 
-    Calls without a result get a synthetic ``INTERRUPTED`` result, then ``turn/end`` records
-    reason ``aborted`` with cause ``crash``.
+    A stream cut by the crash keeps what the user saw, as a cancelled one does: an
+    ``interrupted`` anchor citing its text and reasoning chunks. Calls without a result get a
+    synthetic ``INTERRUPTED`` result. Then ``turn/end`` records ``aborted`` with cause ``crash``.
     """
     events = session.events
     open_turn: int | None = None
     pending: dict[str, str] = {}
+    cut: list[SessionEvent] = []  # visible chunks of a stream with no anchor yet
+    step = None
     for event in events:
-        if event.type == "turn/start":
-            open_turn, pending = event.turn, {}
-        elif event.type == "turn/end":
-            open_turn, pending = None, {}
-        elif event.type == "assistant/message" and not event.data.get("interrupted"):
-            for call in event.data.get("tool_calls", ()):
-                pending[call["id"]] = call["name"]
-        elif event.type == "tool/result":
+        kind = event.type
+        if kind == "turn/start":
+            open_turn, pending, cut = event.turn, {}, []
+        elif kind == "turn/end":
+            open_turn, pending, cut = None, {}, []
+        elif kind == "request/header":
+            cut, step = [], event.data.get("step")
+        elif kind == "assistant/chunk":
+            if event.data.get("kind") in ("text", "reasoning"):
+                cut.append(event)
+        elif kind == "assistant/message":
+            cut = []
+            if not event.data.get("interrupted"):
+                for call in event.data.get("tool_calls", ()):
+                    pending[call["id"]] = call["name"]
+        elif kind == "tool/result":
             pending.pop(event.data["call_id"], None)
     if open_turn is None:
         return
+    if cut:
+        session.append(
+            "assistant/message",
+            data(
+                step=step,
+                content="".join(e.data["delta"] for e in cut if e.data["kind"] == "text"),
+                reasoning="".join(e.data["delta"] for e in cut if e.data["kind"] == "reasoning")
+                or None,
+                reasoning_signature=None,
+                tool_calls=(),
+                source_event_seqs=tuple(e.seq for e in cut),
+                finish_reason=None,
+                usage=None,
+                interrupted=True,
+            ),
+            open_turn,
+        )
     for call_id, name in pending.items():
         session.append(
             "tool/result",

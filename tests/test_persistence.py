@@ -352,7 +352,14 @@ async def test_a_turn_open_when_the_process_was_killed_is_closed_on_resume(
                 assert result.data["is_error"] is True
                 assert result.data["error_code"] == "INTERRUPTED"
             else:
-                [end] = recovered
+                anchor, end = recovered
+                # What the user saw of the cut stream stays, as after a cancel.
+                assert anchor.type == "assistant/message"
+                assert anchor.data["interrupted"] is True
+                assert anchor.data["content"] == "partial answer so far"
+                chunk_seqs = tuple(e.seq for e in of_type(agent, "assistant/chunk"))
+                assert anchor.data["source_event_seqs"] == chunk_seqs
+                assert agent.session.messages()[-1].interrupted
                 assert of_type(agent, "tool/call") == []
             assert (end.type, end.turn) == ("turn/end", 1)
             assert (end.data["reason"], end.data["cause"]) == ("aborted", "crash")
