@@ -631,6 +631,8 @@ class Agent:
                 )
             if not isinstance(decision, Retry):
                 raise failure
+            # A handler that retries at once must still let other tasks (and cancel()) in.
+            await trio.lowlevel.checkpoint()
         # Adapter-filled fields are dropped, so the next step's route fills its own.
         if prepared.adapter_defaults:
             self._proposal = attrs.evolve(
