@@ -66,11 +66,7 @@ class EventsFacade:
 
         async def observe() -> None:
             with scope:
-                while True:
-                    try:
-                        event = await sub.receive()
-                    except trio.EndOfChannel:
-                        return
+                async for event in sub:
                     if isinstance(event, Lagged):
                         log.warning("an async %s handler fell %d events behind and missed them",
                                     cls.name, event.missed)
