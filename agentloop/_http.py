@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import httpx
 import trio
 
-__all__ = ["shared_client", "open_shared_client", "client_for"]
+__all__ = ["open_shared_client", "client_for"]
 
 _CLIENT: trio.lowlevel.RunVar[httpx.AsyncClient | None] = trio.lowlevel.RunVar(
     "agentloop_http_client", default=None
@@ -16,11 +16,6 @@ _CLIENT: trio.lowlevel.RunVar[httpx.AsyncClient | None] = trio.lowlevel.RunVar(
 
 # Model calls stream for minutes; only connecting and the gap between chunks are bounded.
 DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=300.0, write=30.0, pool=30.0)
-
-
-def shared_client() -> httpx.AsyncClient | None:
-    """The pooled client of the runtime open in this trio run, if any."""
-    return _CLIENT.get()
 
 
 @contextlib.asynccontextmanager

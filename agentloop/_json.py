@@ -13,7 +13,7 @@ from typing import Any, NoReturn, TypeAlias
 
 from ._errors import InvalidContent
 
-__all__ = ["FrozenDict", "JSON", "freeze", "freeze_object", "thaw", "freeze_trusted"]
+__all__ = ["FrozenDict", "JSON", "freeze", "freeze_object", "thaw"]
 
 JSON: TypeAlias = "bool | int | float | str | tuple[JSON, ...] | FrozenDict | None"
 
@@ -114,11 +114,6 @@ def freeze_object(value: object) -> FrozenDict:
     if not isinstance(frozen, FrozenDict):
         raise InvalidContent(f"expected a JSON object, got {type(value).__name__}")
     return frozen
-
-
-def freeze_trusted(mapping: Mapping[str, Any]) -> FrozenDict:
-    """Wrap a mapping built by agentloop itself, whose values are already JSON and frozen."""
-    return FrozenDict(mapping)
 
 
 def thaw(value: object) -> Any:

@@ -56,9 +56,6 @@ class Settings:
         if self._bus.has_listeners(SettingChanged):
             self._bus.emit_nowait(SettingChanged(key, self._values[key]))
 
-    def snapshot(self) -> dict[str, Any]:
-        return dict(self._values)
-
 
 def flatten_settings(tables: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """``{"agent-loop": {"max_parallel_tool_calls": 4}}`` -> ``{"agent-loop.max_...": 4}``."""

@@ -72,21 +72,21 @@ async def test_setup_runs_unpublished_and_scopes_its_registrations(rt, model) ->
 
 
 async def test_driving_an_unpublished_agent_is_an_error(rt, model) -> None:
-    captured: list[agentloop.Agent] = []
+    refused: list[str] = []
 
     async def setup(ctx: agentloop.Context) -> None:
-        agent = ctx.runtime.agents.get("u") or None
-        assert agent is None
+        # The agent under construction is reachable only through internals; it refuses input.
+        from agentloop._agent import Agent
+        from agentloop._session import Session
 
-    # the unpublished agent is reachable only through internals; its send refuses
-    from agentloop._agent import Agent
-    from agentloop._session import Session
+        unpublished = Agent(rt.runtime, Session("u", agentloop.FrozenDict(), rt.runtime.bus),
+                            OPTIONS)
+        with pytest.raises(agentloop.AgentNotPublished, match="still being set up"):
+            unpublished.followup("x")
+        refused.append("u")
 
-    session = Session("u", agentloop.FrozenDict(), rt.runtime.bus)
-    captured.append(Agent(rt.runtime, session, OPTIONS))
-    with pytest.raises(agentloop.AgentNotPublished, match="still being set up"):
-        captured[0].followup("x")
     await rt.agents.create(session_id="u", agent_options=OPTIONS, setup=setup)
+    assert refused == ["u"]
 
 
 async def test_setup_failure_rolls_back_and_the_id_is_reusable(rt, model) -> None:
