@@ -37,7 +37,7 @@ from ._events import (
     Retry,
     SessionFlush,
 )
-from ._json import FrozenDict, freeze
+from ._json import FrozenDict, freeze, freeze_repaired, repair_text, text_problem
 from ._model import (
     AgentOptions,
     CallConfig,
@@ -52,10 +52,11 @@ from ._model import (
     ToolCallDelta,
     ToolSpec,
 )
-from ._scheduler import run_tool_calls
+from ._scheduler import close_unanswered, run_tool_calls
 from ._session import Session, data
 
 if TYPE_CHECKING:
+    from ._agents import LeaseClaim
     from ._context import Context
     from ._runtime import Runtime
 
@@ -94,6 +95,9 @@ _FINISH = {
 
 def _freeze_content(content: object) -> Content:
     if isinstance(content, str):
+        problem = text_problem(content)
+        if problem is not None:
+            raise InvalidContent(f"content: {problem}")
         return content
     if isinstance(content, (list, tuple)):
         frozen = freeze(content, path="content")
@@ -165,8 +169,8 @@ class Agent:
 
     __slots__ = (
         "_announced", "_attached", "_cancel_cause", "_disposing", "_driver_done", "_driving",
-        "_idle", "_needs_lease", "_next_step", "_next_turn", "_proposal", "_published", "_rt",
-        "_scope", "_specs", "_specs_version", "_status", "_teardown", "_turn_scope", "_wake_flag",
+        "_idle", "_lease", "_needs_lease", "_next_step", "_next_turn", "_proposal", "_published",
+        "_rt", "_scope", "_specs", "_specs_version", "_status", "_teardown", "_turn_scope", "_wake_flag",
         "_waking",
         "ctx",
         "cwd", "id", "options", "resumed", "session",
@@ -180,6 +184,7 @@ class Agent:
         *,
         cwd: str | None = None,
         resumed: bool = False,
+        proposal: CallConfig | None = None,
     ) -> None:
         self._rt = rt
         self.session: Final = session
@@ -206,7 +211,7 @@ class Agent:
         self._driver_done = Latch()
         self._announced = Latch()
         self._teardown: trio.Event | None = None
-        self._proposal = CallConfig(
+        self._proposal = proposal or CallConfig(
             provider=options.provider,
             model=options.model,
             reasoning_effort=options.reasoning_effort,
@@ -215,6 +220,7 @@ class Agent:
         self._specs_version = -1
         self._specs: tuple[ToolSpec, ...] = ()
         self._needs_lease = False
+        self._lease: LeaseClaim | None = None  # its claim on the session's persistence lease
 
     def __repr__(self) -> str:
         return f"<Agent {self.id!r} {self._status}>"
@@ -232,6 +238,8 @@ class Agent:
         return Inbox(tuple(self._next_turn), tuple(self._next_step))
 
     def _set_status(self, status: Status) -> None:
+        if self._status == "disposed":
+            return  # disposal is final: a converging driver does not bring the agent back
         previous, self._status = self._status, status
         if status != "running" and self._idle is not None:
             self._idle.set()
@@ -273,7 +281,7 @@ class Agent:
         """
         self._check_open()
         if target not in _TARGETS:
-            raise ValueError(f"target must be 'next-turn' or 'next-step', got {target!r}")
+            raise InvalidContent(f"target: must be 'next-turn' or 'next-step', got {target!r}")
         message = InboxMessage(
             MessageId(f"msg_{uuid.uuid4().hex[:20]}"),
             _freeze_content(content),
@@ -412,10 +420,15 @@ class Agent:
         return self._disposing
 
     def _stop(self) -> None:
-        """Begin disposal: no more input, the running turn ends ``disposed``."""
+        """Begin disposal: no more input, the running turn ends ``disposed``.
+
+        Synchronous, so disposal is an input barrier: from this call on ``status`` reads
+        ``"disposed"`` and ``send`` raises :class:`AgentDisposed`.
+        """
         if self._disposing:
             return
         self._disposing = True
+        self._set_status("disposed")
         self._discard_all("disposed")
         if self._turn_scope is not None and not self._turn_scope.cancel_called:
             self._cancel_cause = "disposed"
@@ -506,6 +519,10 @@ class Agent:
         await self._close_turn(turn)
 
     async def _close_turn(self, turn: _Turn) -> None:
+        # Whatever ended the turn (a failing or cancelled hook between the anchor and the
+        # tools, an internal error), every call the model made gets its answer, so the next
+        # request is valid for every provider.
+        close_unanswered(self.session, turn.number)
         fields: dict[str, Any] = {"turn": turn.number, "reason": turn.reason}
         if turn.reason == "aborted":
             fields["cause"] = self._cancel_cause or "user"
@@ -649,6 +666,22 @@ class Agent:
             )
         return outcome
 
+    def _unique_ids(
+        self, calls: tuple[ToolCall, ...], renamed: list[FrozenDict]
+    ) -> tuple[ToolCall, ...]:
+        """Calls with ids no earlier call of the session (or this step) has: providers refuse
+        a history that repeats one. Renames keep the model's id on record."""
+        taken: set[str] = set()
+        out: list[ToolCall] = []
+        for call in calls:
+            unique = self.session.unique_call_id(call.id, taken)
+            if unique != call.id:
+                renamed.append(FrozenDict(id=unique, original_id=call.id))
+                call = attrs.evolve(call, id=unique)
+            taken.add(unique)
+            out.append(call)
+        return tuple(out)
+
     async def _stream(self, turn: _Turn, step: int, opening: Any) -> _StepOutcome:
         append, number = self.session.append, turn.number
         text: list[str] = []
@@ -671,30 +704,50 @@ class Agent:
                         is_text = cls is TextDelta
                         if not is_text and part.signature:
                             signature = part.signature
-                        if not part.text:
+                        delta_text = part.text
+                        if not delta_text:
                             continue
-                        seq = append(
-                            "assistant/chunk",
-                            FrozenDict(
+                        if delta_text.isascii() or text_problem(delta_text) is None:
+                            chunk = FrozenDict(
                                 step=step, kind="text" if is_text else "reasoning",
-                                delta=part.text,
-                            ),
-                            number,
-                        ).seq
+                                delta=delta_text,
+                            )
+                        else:
+                            # A provider's lone surrogate (a JSON "\ud83d" escape) could
+                            # never be stored or sent again: repaired, and the repair noted.
+                            delta_text = repair_text(delta_text)
+                            chunk = FrozenDict(
+                                step=step, kind="text" if is_text else "reasoning",
+                                delta=delta_text, repaired=True,
+                            )
+                        seq = append("assistant/chunk", chunk, number).seq
                         seqs.append(seq)
                         visible.append(seq)
-                        (text if is_text else reasoning).append(part.text)
+                        (text if is_text else reasoning).append(delta_text)
                     elif cls is ToolCallDelta:
+                        call_id, name, fragment = part.id, part.name, part.arguments
+                        repaired = False
+                        if not (fragment.isascii() and (name is None or name.isascii())
+                                and (call_id is None or call_id.isascii())):
+                            fixed = tuple(
+                                None if v is None else repair_text(v)
+                                for v in (call_id, name, fragment)
+                            )
+                            repaired = fixed != (call_id, name, fragment)
+                            call_id, name = fixed[0], fixed[1]
+                            fragment = fixed[2] or ""
                         acc = calls.get(part.index)
                         if acc is None:
-                            acc = calls[part.index] = [part.id, part.name, []]
+                            acc = calls[part.index] = [call_id, name, []]
                         else:
-                            acc[0] = acc[0] or part.id
-                            acc[1] = acc[1] or part.name
-                        acc[2].append(part.arguments)
+                            acc[0] = acc[0] or call_id
+                            acc[1] = acc[1] or name
+                        acc[2].append(fragment)
                         delta = FrozenDict(
-                            index=part.index, id=part.id, name=part.name, arguments=part.arguments
+                            index=part.index, id=call_id, name=name, arguments=fragment
                         )
+                        if repaired:
+                            delta = FrozenDict(delta, repaired=True)
                         seqs.append(
                             append(
                                 "assistant/chunk",
@@ -734,23 +787,25 @@ class Agent:
                 "the model stream ended without a finish", code="incomplete_stream"
             )
         tool_calls = tuple(_tool_call(acc) for _, acc in sorted(calls.items()))
+        renamed: list[FrozenDict] = []
+        if tool_calls:
+            tool_calls = self._unique_ids(tool_calls, renamed)
         reason = _FINISH.get(finish.reason, finish.reason)
         content = "".join(text)
-        append(
-            "assistant/message",
-            data(
-                step=step,
-                content=content,
-                reasoning="".join(reasoning) or None,
-                reasoning_signature=signature,
-                tool_calls=tuple(c.to_json() for c in tool_calls),
-                source_event_seqs=tuple(seqs),
-                finish_reason=reason,
-                usage=freeze(dict(finish.usage)) if finish.usage else None,
-                interrupted=False,
-            ),
-            number,
+        fields = data(
+            step=step,
+            content=content,
+            reasoning="".join(reasoning) or None,
+            reasoning_signature=signature,
+            tool_calls=tuple(c.to_json() for c in tool_calls),
+            source_event_seqs=tuple(seqs),
+            finish_reason=reason,
+            usage=freeze(dict(finish.usage)) if finish.usage else None,
+            interrupted=False,
         )
+        if renamed:
+            fields = FrozenDict(fields, renamed_tool_call_ids=tuple(renamed))
+        append("assistant/message", fields, number)
         return _StepOutcome(reason, content, tool_calls)
 
 
@@ -767,10 +822,12 @@ def _tool_call(acc: Sequence[Any]) -> ToolCall:
     else:
         try:
             parsed = json.loads(raw)
-        except ValueError:
-            pass
+        except (ValueError, RecursionError):
+            pass  # kept as text; the scheduler answers it with INVALID_ARGUMENTS
         else:
             if isinstance(parsed, dict):
+                # A lone surrogate from a JSON escape is repaired like provider text; what
+                # cannot be stored at all (1e400, too deep) stays text for INVALID_ARGUMENTS.
                 with contextlib.suppress(InvalidContent):
-                    arguments = freeze(parsed)  # type: ignore[assignment]
+                    arguments = freeze_repaired(parsed)[0]  # type: ignore[assignment]
     return ToolCall(call_id or f"call_{uuid.uuid4().hex[:24]}", name or "", arguments)

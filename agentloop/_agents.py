@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Self
 import trio
 
 from ._agent import CLOSE_GRACE, Agent, current_agent
+from ._errors import AgentDisposed as AgentDisposedError
 from ._errors import InvalidContent, PersistenceUnavailable, SessionIdInUse
 from ._events import (
     AgentCreated,
@@ -26,8 +27,8 @@ from ._events import (
     SessionDisposed,
 )
 from ._json import FrozenDict, freeze
-from ._model import AgentOptions, SessionEvent
-from ._session import Session, validate_session_id
+from ._model import AgentOptions, CallConfig, SessionEvent
+from ._session import Session, recover_crashed_turn, validate_session_id
 
 if TYPE_CHECKING:
     from ._context import Context
@@ -110,6 +111,8 @@ async def dispose(agent: Agent) -> None:
     done = agent._teardown
     if done is None:
         done = agent._teardown = trio.Event()
+        if agent._announced.is_set():
+            agent._stop()  # the input barrier: from here on send() raises AgentDisposed
         rt.system_nursery.start_soon(_teardown, agent, done)
     await done.wait()
 
@@ -242,17 +245,30 @@ async def _transaction(
     if options is not None and not isinstance(options, AgentOptions):
         raise TypeError(f"agent_options must be an AgentOptions, got {options!r}")
     with rt.inflight():
-        if not resumed and rt.persistence is not None and await rt.persistence.exists(session_id):
-            raise SessionIdInUse(
-                f"session {session_id!r} already exists in persistence; resume it instead"
-            )
         backend = rt.persistence
+        token = LeaseClaim()
+        if backend is not None:
+            # The lease is the runtime's, so same-id contenders of one runtime are arbitrated
+            # before it: only one at a time ever acquires (and so can release) the lease.
+            # The others wait for it to publish (they lose) or roll back (the next one tries).
+            while (held := rt.leases.get(session_id)) is not None:
+                if held.published:
+                    raise SessionIdInUse(
+                        f"session {session_id!r} is already driven by a live agent"
+                    )
+                await held.settled.wait()
+            rt.leases[session_id] = token
         leased = False
         scope: Context | None = None
         try:
+            if not resumed and backend is not None and await backend.exists(session_id):
+                raise SessionIdInUse(
+                    f"session {session_id!r} already exists in persistence; resume it instead"
+                )
             if backend is not None:
                 await backend.acquire(session_id, rt.owner_id)
                 leased = True
+            proposal = None
             if resumed:
                 # Loaded under the lease, so no other driver can append after this snapshot.
                 assert backend is not None
@@ -260,14 +276,32 @@ async def _transaction(
                 meta, events = stored.meta, list(stored.events)
             session = Session(session_id, meta, rt.bus)
             session.load(events)
+            if resumed:
+                # Recovered before setup, so whoever gets the handle sees a valid history.
+                recover_crashed_turn(session)
+                proposal = resumed_config(session, options)
             cwd = meta.get("cwd") if isinstance(meta.get("cwd"), str) else None
-            agent = Agent(rt, session, options or AgentOptions(), cwd=cwd, resumed=resumed)
+            agent = Agent(rt, session, options or AgentOptions(), cwd=cwd, resumed=resumed,
+                          proposal=proposal)
             scope = owner.child(f"agent:{session_id}", agent_id=session_id)
             agent.ctx = scope
             if setup is not None:
                 await setup(scope)
             await trio.lowlevel.checkpoint()
             rt.check_open()
+            if owner.closed or owner.closing:
+                raise AgentDisposedError(
+                    f"{owner.name} closed while agent {session_id!r} was being set up; "
+                    "nothing was published"
+                )
+            if backend is not None and not resumed:
+                # Stored before publication: a session that cannot be stored fails create()
+                # rather than an agent that would drop the prompt it accepted.
+                with trio.CancelScope(shield=True):
+                    await backend.create(session_id, meta)
+                for event in session.events:
+                    backend.append(session_id, event)
+            agent._attached = True
             _enter(rt, agent)
         except BaseException:
             with trio.move_on_after(CLOSE_GRACE, shield=True):
@@ -275,11 +309,52 @@ async def _transaction(
                     await scope.aclose()
                 if leased and backend is not None:
                     await backend.release(session_id, rt.owner_id)
+            if rt.leases.get(session_id) is token:
+                del rt.leases[session_id]
+            token.settled.set()
             raise
+        token.published = True
+        token.settled.set()
+        agent._lease = token if backend is not None else None
         handle = AgentHandle(agent, owner)
         owner._own(handle)
         _announce_and_start(rt, agent)
         return handle
+
+
+class LeaseClaim:
+    """One contender's claim on a session's persistence lease within this runtime."""
+
+    __slots__ = ("published", "settled")
+
+    def __init__(self) -> None:
+        self.published = False
+        self.settled = trio.Event()
+
+
+def resumed_config(session: Session, options: AgentOptions | None) -> CallConfig | None:
+    """The call settings a resumed agent continues with: those of its last ``request/header``
+    without what the adapter filled in, under any field ``options`` sets explicitly."""
+    for event in reversed(session.events):
+        if event.type == "request/header":
+            stored = event.data.get("config")
+            if not isinstance(stored, FrozenDict):
+                return None
+            filled = set(event.data.get("adapter_defaults") or ())
+            fields: dict[str, Any] = {}
+            for name in ("provider", "model", "reasoning_effort", "max_tokens"):
+                explicit = getattr(options, name, None) if options is not None else None
+                value = explicit if explicit is not None else stored.get(name)
+                fields[name] = None if (name in filled and explicit is None) else value
+            extra = stored.get("extra")
+            try:
+                return CallConfig(**fields, extra=extra if isinstance(extra, FrozenDict)
+                                  else FrozenDict())
+            except (TypeError, ValueError) as exc:
+                log.warning("session %s: its last request/header config is unusable (%s); "
+                            "continuing with the given options", session.id, exc)
+                return None
+    return None
 
 
 def _enter(rt: Runtime, agent: Agent) -> None:
@@ -326,11 +401,17 @@ class AgentLoopService:
         agent = Agent(rt, session, options or AgentOptions(), cwd=cwd)
         scope = owner.child(f"agent:{id}", agent_id=id)
         agent.ctx = scope
+        if rt.persistence is not None and id in rt.leases:
+            scope.close_registrations()
+            raise SessionIdInUse(f"session id {id!r} is already in use by a live agent")
         try:
             _enter(rt, agent)
         except BaseException:
             scope.close_registrations()
             raise
+        if rt.persistence is not None:
+            claim = agent._lease = rt.leases[id] = LeaseClaim()
+            claim.published = True
         agent._needs_lease = True
         owner._own(AgentHandle(agent, owner))
         _announce_and_start(rt, agent)

@@ -240,6 +240,11 @@ class Context:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def closing(self) -> bool:
+        """Whether ``aclose`` has begun (the scope may still be disposing what it owns)."""
+        return self._closing is not None
+
     def track(self, disposer: Disposer) -> Disposer:
         """Own ``disposer``: it runs when this scope closes, unless it ran before."""
         if self._closed:

@@ -3,17 +3,32 @@
 Content crosses the durable session boundary once: it is validated and frozen at the edge
 (``send``, seed events, metadata) and then shared by reference, never copied again. Objects
 become :class:`FrozenDict`, arrays become tuples; every mutation raises ``TypeError``.
+
+What is frozen can always be written as UTF-8 JSON text, by every store and on every wire: a
+string holding a lone surrogate, an integer longer than Python's int-to-text limit and nesting
+deeper than :data:`MAX_DEPTH` are refused (or, with ``repair=True``, for text that comes from
+tools and providers rather than from the user, surrogates become U+FFFD).
 """
 
 from __future__ import annotations
 
 import math
+import re
+import sys
 from collections.abc import Iterable, Mapping
-from typing import Any, NoReturn, TypeAlias
+from typing import Any, Final, NoReturn, TypeAlias
 
 from ._errors import InvalidContent
 
-__all__ = ["FrozenDict", "JSON", "freeze", "freeze_object", "thaw"]
+__all__ = [
+    "FrozenDict", "JSON", "MAX_DEPTH", "freeze", "freeze_object", "freeze_repaired",
+    "repair_text", "text_problem", "thaw",
+]
+
+MAX_DEPTH: Final = 200
+"""Deepest nesting accepted: well inside what ``json`` and ``sqlite3`` handle (about 1,000)."""
+
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
 
 JSON: TypeAlias = "bool | int | float | str | tuple[JSON, ...] | FrozenDict | None"
 
@@ -64,48 +79,116 @@ def _fail(path: str, why: str) -> NoReturn:
     raise InvalidContent(f"{path or 'value'}: {why}")
 
 
+def text_problem(text: str) -> str | None:
+    """Why ``text`` cannot be written as UTF-8 (``"lone surrogate at 14"``), or ``None``."""
+    if text.isascii():
+        return None  # the common case, answered without scanning in Python
+    found = _SURROGATE.search(text)
+    return None if found is None else f"lone surrogate at {found.start()}"
+
+
+def repair_text(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD."""
+    if text.isascii():
+        return text
+    return _SURROGATE.sub("\ufffd", text)
+
+
+class _Freezer:
+    __slots__ = ("active", "repair", "repaired")
+
+    def __init__(self, repair: bool) -> None:
+        self.active: set[int] = set()
+        self.repair = repair
+        self.repaired = False
+
+    def text(self, value: str, path: str) -> str:
+        problem = text_problem(value)
+        if problem is None:
+            return value
+        if not self.repair:
+            _fail(path, problem)
+        self.repaired = True
+        return repair_text(value)
+
+    def freeze(self, value: object, path: str, depth: int) -> JSON:
+        if value is None or isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            return self.text(value, path)
+        if isinstance(value, int):
+            if value.bit_length() > _INT_BITS and _too_long(value):
+                _fail(path, f"an integer of more than {sys.get_int_max_str_digits()} digits "
+                      "cannot be written as JSON text")
+            return int(value)
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                _fail(path, f"{value!r} is not a finite number")
+            return value
+        if depth >= MAX_DEPTH:
+            _fail(path, f"nested more than {MAX_DEPTH} levels deep")
+        if isinstance(value, FrozenDict):
+            return value  # already validated when it was built
+        if isinstance(value, Mapping):
+            key = id(value)
+            if key in self.active:
+                _fail(path, "cycle detected")
+            self.active.add(key)
+            out: dict[str, Any] = {}
+            for k, v in value.items():
+                if not isinstance(k, str):
+                    _fail(path, f"object key {k!r} is not a string")
+                k = self.text(k, f"{path}.{k!r}" if path else repr(k))
+                out[k] = self.freeze(v, f"{path}.{k}" if path else k, depth + 1)
+            self.active.discard(key)
+            return FrozenDict(out)
+        if isinstance(value, (list, tuple)):
+            key = id(value)
+            if key in self.active:
+                _fail(path, "cycle detected")
+            self.active.add(key)
+            items = tuple(
+                self.freeze(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)
+            )
+            self.active.discard(key)
+            return items
+        _fail(path, f"{type(value).__name__} is not JSON-representable")
+
+
+# Below this many bits an int has fewer than 4,300 digits, so the exact check is skipped.
+_INT_BITS: Final = 14_000
+
+
+def _too_long(value: int) -> bool:
+    limit = sys.get_int_max_str_digits()
+    if limit == 0:
+        return False
+    try:
+        str(value)
+    except ValueError:
+        return True
+    return False
+
+
 def freeze(value: object, *, path: str = "") -> JSON:
     """Validate ``value`` as JSON and return a deep-frozen copy.
 
     Raises:
-        InvalidContent: on NaN/Infinity, non-string keys, cycles or non-JSON types; the
-            message names the path of the bad value.
+        InvalidContent: on NaN/Infinity, non-string keys, cycles, non-JSON types, strings with
+            lone surrogates, integers too long for JSON text or nesting deeper than
+            :data:`MAX_DEPTH`; the message names the path of the bad value
+            (``content[2].text: lone surrogate at 14``).
     """
-    return _freeze(value, path, set())
+    return _Freezer(False).freeze(value, path, 0)
 
 
-def _freeze(value: object, path: str, active: set[int]) -> JSON:
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            _fail(path, f"{value!r} is not a finite number")
-        return value
-    if isinstance(value, FrozenDict):
-        return value  # already validated when it was built
-    if isinstance(value, Mapping):
-        key = id(value)
-        if key in active:
-            _fail(path, "cycle detected")
-        active.add(key)
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                _fail(path, f"object key {k!r} is not a string")
-            out[k] = _freeze(v, f"{path}.{k}" if path else k, active)
-        active.discard(key)
-        return FrozenDict(out)
-    if isinstance(value, (list, tuple)):
-        key = id(value)
-        if key in active:
-            _fail(path, "cycle detected")
-        active.add(key)
-        items = tuple(_freeze(v, f"{path}[{i}]", active) for i, v in enumerate(value))
-        active.discard(key)
-        return items
-    _fail(path, f"{type(value).__name__} is not JSON-representable")
+def freeze_repaired(value: object, *, path: str = "") -> tuple[JSON, bool]:
+    """Like :func:`freeze`, but lone surrogates become U+FFFD; also says whether any did.
+
+    For text agentloop did not write and cannot refuse (tool results, provider output).
+    """
+    freezer = _Freezer(True)
+    return freezer.freeze(value, path, 0), freezer.repaired
 
 
 def freeze_object(value: object) -> FrozenDict:

@@ -27,13 +27,13 @@ from ._events import (
 from ._http import open_shared_client
 from ._json import FrozenDict
 from ._llm import LLMService, SystemPrompt
-from ._model import AgentOptions, SessionEvent
-from ._session import data
+from ._model import AgentOptions
 from ._settings import Settings, flatten_settings
 from ._tools import ToolRegistry
 
 if TYPE_CHECKING:
     from ._agent import Agent
+    from ._agents import LeaseClaim
     from ._persistence import SessionPersistence
     from ._session import Session
 
@@ -58,6 +58,9 @@ class Runtime:
         self.agents: dict[str, Agent] = {}
         self.sessions: dict[str, Session] = {}
         self.persistence: SessionPersistence | None = None
+        # Session ids whose persistence lease this runtime holds or is acquiring, with the
+        # token of the holder: one live driver per session, arbitrated before the store.
+        self.leases: dict[str, LeaseClaim] = {}
         self.owner_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._closing = False
         self._inflight = 0
@@ -120,91 +123,29 @@ class Runtime:
         return Disposer(uninstall)
 
     async def attach_persistence(self, agent: Agent) -> None:
-        """Run by the driver before anything else: store a new session, recover a crashed one."""
+        """Run by the driver of a synchronously created agent (``agent_loop.create``, which
+        cannot await) before anything else: take the lease and store the new session."""
         backend = self.persistence
         if backend is None:
             return
         session = agent.session
         if agent._needs_lease:
             await backend.acquire(session.id, self.owner_id)
-        if not agent.resumed:
-            await backend.create(session.id, session.meta)
-            for event in session.events:
-                backend.append(session.id, event)
-        else:
-            recover_crashed_turn(session)
+        await backend.create(session.id, session.meta)
+        for event in session.events:
+            backend.append(session.id, event)
 
     async def release_persistence(self, agent: Agent) -> None:
         backend = self.persistence
-        if backend is not None:
-            try:
+        if agent._lease is None or self.leases.get(agent.id) is not agent._lease:
+            return  # never held it: a loser must not release the winner's lease
+        try:
+            if backend is not None:
                 await backend.release(agent.id, self.owner_id)
-            except Exception:
-                log.exception("agent %s: releasing the session lease failed", agent.id)
-
-
-def recover_crashed_turn(session: Session) -> None:
-    """Close a turn a crash left open, so the history is valid for every provider.
-
-    A stream cut by the crash keeps what the user saw, as a cancelled one does: an
-    ``interrupted`` anchor citing its text and reasoning chunks. Calls without a result get a
-    synthetic ``INTERRUPTED`` result. Then ``turn/end`` records ``aborted`` with cause ``crash``.
-    """
-    events = session.events
-    open_turn: int | None = None
-    pending: dict[str, str] = {}
-    cut: list[SessionEvent] = []  # visible chunks of a stream with no anchor yet
-    step = None
-    for event in events:
-        kind = event.type
-        if kind == "turn/start":
-            open_turn, pending, cut = event.turn, {}, []
-        elif kind == "turn/end":
-            open_turn, pending, cut = None, {}, []
-        elif kind == "request/header":
-            cut, step = [], event.data.get("step")
-        elif kind == "assistant/chunk":
-            if event.data.get("kind") in ("text", "reasoning"):
-                cut.append(event)
-        elif kind == "assistant/message":
-            cut = []
-            if not event.data.get("interrupted"):
-                for call in event.data.get("tool_calls", ()):
-                    pending[call["id"]] = call["name"]
-        elif kind == "tool/result":
-            pending.pop(event.data["call_id"], None)
-    if open_turn is None:
-        return
-    if cut:
-        session.append(
-            "assistant/message",
-            data(
-                step=step,
-                content="".join(e.data["delta"] for e in cut if e.data["kind"] == "text"),
-                reasoning="".join(e.data["delta"] for e in cut if e.data["kind"] == "reasoning")
-                or None,
-                reasoning_signature=None,
-                tool_calls=(),
-                source_event_seqs=tuple(e.seq for e in cut),
-                finish_reason=None,
-                usage=None,
-                interrupted=True,
-            ),
-            open_turn,
-        )
-    for call_id, name in pending.items():
-        session.append(
-            "tool/result",
-            data(
-                call_id=call_id,
-                name=name,
-                content="Error: the process stopped before this call finished",
-                is_error=True,
-                error_code="INTERRUPTED",
-            ),
-            open_turn,
-        )
-    session.append("turn/end", data(turn=open_turn, reason="aborted", cause="crash"), open_turn)
+        except Exception:
+            log.exception("agent %s: releasing the session lease failed", agent.id)
+        finally:
+            del self.leases[agent.id]
 
 
 def _resolve_plugin(spec: object) -> tuple[str, Plugin]:
@@ -371,10 +312,12 @@ def _register_providers(root: Context, cfg: Config) -> None:
         cls = OpenAIChatAdapter if provider.kind == "openai" else AnthropicAdapter
         if provider.kind == "anthropic" and defaults.max_tokens is None:
             defaults = AdapterDefaults(reasoning_effort=provider.reasoning_effort, max_tokens=4096)
-        root.llm.register(
-            name, cls(provider.base_url, api_key=key, headers=dict(provider.headers),
-                      defaults=defaults)
-        )
+        try:
+            adapter = cls(provider.base_url, api_key=key, headers=dict(provider.headers),
+                          defaults=defaults)
+        except ConfigError as exc:
+            raise ConfigError(f"providers.{name}: {exc}") from None
+        root.llm.register(name, adapter)
 
 
 async def _start_configured_agents(root: Context, cfg: Config) -> None:

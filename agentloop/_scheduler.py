@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from ._errors import InvalidContent
 from ._events import (
     Allow,
     Ask,
@@ -28,10 +29,10 @@ from ._events import (
     ToolPreExecute,
     ToolResultEvent,
 )
-from ._json import FrozenDict, freeze
+from ._json import FrozenDict, freeze, freeze_repaired
 from ._model import ToolCall, ToolResult
 from ._schema import parse_arguments, validate_arguments
-from ._session import data
+from ._session import Session, data
 from ._settings import MAX_PARALLEL_TOOL_CALLS
 from ._tools import Tool
 
@@ -102,7 +103,15 @@ class _Run:
                     "send a JSON object that fits the tool's parameters",
                 )
                 return
-            arguments = freeze(parsed)
+            try:
+                arguments = freeze(parsed)
+            except InvalidContent as exc:
+                slot.result = ToolResult.error(
+                    "INVALID_ARGUMENTS",
+                    f"the arguments for {call.name!r} cannot be used ({exc}); "
+                    "send a JSON object that fits the tool's parameters",
+                )
+                return
         else:
             arguments = raw
         assert isinstance(arguments, FrozenDict)
@@ -153,20 +162,9 @@ class _Run:
     def _append_result(self, slot: _Slot, result: ToolResult) -> None:
         if slot.tool is not None and slot.tool.finalize_content is not None:
             result = attrs.evolve(result, content=slot.tool.finalize_content(result.content))
-        content = result.content if isinstance(result.content, str) else freeze(result.content)
         if not slot.logged:
             self._log_call(slot)
-        self.session.append(
-            "tool/result",
-            data(
-                call_id=slot.call.id,
-                name=slot.call.name,
-                content=content,
-                is_error=result.is_error,
-                error_code=result.error_code,
-            ),
-            self.turn,
-        )
+        self.session.append("tool/result", result_data(slot.call, result), self.turn)
         slot.emitted = True
 
     async def _emit_ready(self) -> None:
@@ -297,6 +295,39 @@ class _Run:
         self.next_emit = len(self.slots)
 
 
+def result_data(call: ToolCall, result: ToolResult) -> FrozenDict:
+    """The ``tool/result`` payload. A tool's text is not ours to refuse: a lone surrogate (a
+    file name from ``os.fsdecode``) becomes U+FFFD and ``repaired`` says so; content that is
+    not JSON at all turns the result into an ``INVALID_RESULT`` error."""
+    try:
+        content, repaired = freeze_repaired(result.content, path="content")
+    except InvalidContent as exc:
+        content, repaired = f"Error: the tool returned content that is not JSON ({exc})", False
+        result = ToolResult(content, is_error=True, error_code="INVALID_RESULT")
+    fields = data(
+        call_id=call.id,
+        name=call.name,
+        content=content,
+        is_error=result.is_error,
+        error_code=result.error_code,
+    )
+    return FrozenDict(fields, repaired=True) if repaired else fields
+
+
+def close_unanswered(session: Session, turn: int) -> None:
+    """Answer every call of the session still without a result (``ABORTED_BEFORE_DISPATCH``)."""
+    for call, logged in session.unanswered:
+        if not logged:
+            session.append(
+                "tool/call", data(call_id=call.id, name=call.name, arguments=call.arguments), turn
+            )
+        session.append(
+            "tool/result",
+            result_data(call, ToolResult.error(ABORTED_BEFORE_DISPATCH, _ABORTED_TEXT)),
+            turn,
+        )
+
+
 def _to_result(value: object) -> ToolResult:
     if isinstance(value, ToolResult):
         return value
@@ -305,9 +336,12 @@ def _to_result(value: object) -> ToolResult:
     if isinstance(value, str):
         return ToolResult(value)
     try:
-        return ToolResult(json.dumps(freeze(value), ensure_ascii=False, separators=(",", ":")))
-    except Exception:  # noqa: BLE001 - any non-JSON value is rendered as text
-        return ToolResult(str(value))
+        text = json.dumps(freeze_repaired(value)[0], ensure_ascii=False, separators=(",", ":"))
+    except (InvalidContent, ValueError) as exc:
+        return ToolResult.error(
+            "INVALID_RESULT", f"the tool returned a value that is not JSON ({exc})"
+        )
+    return ToolResult(text)
 
 
 async def run_tool_calls(agent: Agent, turn: int, calls: Sequence[ToolCall]) -> int:

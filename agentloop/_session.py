@@ -12,12 +12,14 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, overload
 
 from ._bus import EventBus
-from ._errors import InvalidContent
+from ._errors import InvalidContent, PersistenceError
 from ._events import SessionEventAppended
 from ._json import FrozenDict
 from ._model import Message, SessionEvent, ToolCall
 
-__all__ = ["Session", "LogView", "HistoryView", "Reducer", "validate_session_id"]
+__all__ = [
+    "Session", "LogView", "HistoryView", "Reducer", "recover_crashed_turn", "validate_session_id",
+]
 
 _SESSION_ID: Final = re.compile(r"[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,127}")
 
@@ -107,7 +109,10 @@ Reducer = Callable[[list[Message], SessionEvent], None]
 
 
 def _user(history: list[Message], event: SessionEvent) -> None:
-    history.append(Message("user", event.data["content"]))
+    content = event.data["content"]
+    if not isinstance(content, (str, tuple)):
+        raise TypeError(f"content must be text or a list of parts, got {content!r}")
+    history.append(Message("user", content))
 
 
 def tool_calls_of(data: FrozenDict) -> tuple[ToolCall, ...]:
@@ -162,7 +167,9 @@ class Session:
     Only the agent that drives a session appends to it.
     """
 
-    __slots__ = ("_bus", "_history", "_log", "_view", "id", "meta", "turns")
+    __slots__ = (
+        "_bus", "_call_ids", "_history", "_log", "_unanswered", "_view", "id", "meta", "turns",
+    )
 
     def __init__(self, session_id: str, meta: FrozenDict, bus: EventBus) -> None:
         self.id = session_id
@@ -171,6 +178,11 @@ class Session:
         self._log: list[SessionEvent] = []
         self._history: list[Message] = []
         self._view = LogView(self._log)
+        # Calls the model made that have no tool/result yet, with whether their tool/call is
+        # logged. Kept as events arrive, so closing a turn never rescans the log.
+        self._unanswered: dict[str, tuple[ToolCall, bool]] = {}
+        # Every call id the session has used: providers refuse a conversation that repeats one.
+        self._call_ids: set[str] = set()
         self.turns = 0
         """The number of the last turn opened in this session."""
 
@@ -187,6 +199,36 @@ class Session:
         """The derived history sent to the model (an O(1) immutable snapshot)."""
         return HistoryView(self._history, len(self._history))
 
+    @property
+    def unanswered(self) -> tuple[tuple[ToolCall, bool], ...]:
+        """The model's calls without a ``tool/result``, in order, each with whether its
+        ``tool/call`` is logged."""
+        return tuple(self._unanswered.values())
+
+    def unique_call_id(self, call_id: str, taken: set[str]) -> str:
+        """``call_id``, or the first free ``f"{call_id}_{n}"`` (n from 2) if this session or
+        ``taken`` already has it: deterministic, so a replayed stream gets the same ids."""
+        if call_id not in self._call_ids and call_id not in taken:
+            return call_id
+        n = 2
+        while f"{call_id}_{n}" in self._call_ids or f"{call_id}_{n}" in taken:
+            n += 1
+        return f"{call_id}_{n}"
+
+    def _track(self, event: SessionEvent) -> None:
+        type_ = event.type
+        if type_ == "assistant/message":
+            if not event.data.get("interrupted"):
+                for call in tool_calls_of(event.data):
+                    self._unanswered[call.id] = (call, False)
+                    self._call_ids.add(call.id)
+        elif type_ == "tool/call":
+            entry = self._unanswered.get(event.data["call_id"])
+            if entry is not None:
+                self._unanswered[entry[0].id] = (entry[0], True)
+        elif type_ == "tool/result":
+            self._unanswered.pop(event.data["call_id"], None)
+
     def append(self, type_: str, data: FrozenDict, turn: int | None) -> SessionEvent:
         """Append one event whose ``data`` is already frozen JSON; returns it."""
         event = SessionEvent(len(self._log) + 1, type_, turn, data)
@@ -194,30 +236,109 @@ class Session:
         reducer = REDUCERS.get(type_)
         if reducer is not None:
             reducer(self._history, event)
+            if type_ != "user/message" and type_ != "steering/message":
+                self._track(event)
         elif type_ == "turn/start":
             self.turns = turn or self.turns + 1
+        elif type_ == "tool/call":
+            self._track(event)
         bus = self._bus
         if bus.has_listeners(SessionEventAppended):
             bus.emit_nowait(SessionEventAppended(self.id, event))
         return event
 
     def load(self, events: Sequence[SessionEvent]) -> None:
-        """Rebuild from a stored log (same seqs), without re-announcing the events."""
+        """Rebuild from a stored log (same seqs), without re-announcing the events.
+
+        Raises:
+            PersistenceError: the log has a gap or an event lacks what its type requires;
+                the message names the session and the seq.
+        """
         for event in events:
             if event.seq != len(self._log) + 1:
-                raise ValueError(
+                raise PersistenceError(
                     f"session {self.id!r}: stored log jumps from seq {len(self._log)} to "
                     f"{event.seq}"
                 )
+            try:
+                reducer = REDUCERS.get(event.type)
+                if reducer is not None:
+                    reducer(self._history, event)
+                elif event.type == "turn/start" and event.turn is not None:
+                    self.turns = max(self.turns, event.turn)
+                self._track(event)
+            except (KeyError, TypeError, AttributeError, ValueError) as exc:
+                raise PersistenceError(
+                    f"session {self.id!r}: stored event seq {event.seq} ({event.type}) is "
+                    f"malformed: {type(exc).__name__}: {exc}"
+                ) from None
             self._log.append(event)
-            reducer = REDUCERS.get(event.type)
-            if reducer is not None:
-                reducer(self._history, event)
-            elif event.type == "turn/start" and event.turn is not None:
-                self.turns = max(self.turns, event.turn)
 
     def __repr__(self) -> str:
         return f"<Session {self.id!r} events={len(self._log)}>"
+
+
+def recover_crashed_turn(session: Session) -> None:
+    """Close a turn a crash left open, so the history is valid for every provider.
+
+    A stream cut by the crash keeps what the user saw, as a cancelled one does: an
+    ``interrupted`` anchor citing its text and reasoning chunks. Calls without a result get a
+    synthetic ``INTERRUPTED`` result. Then ``turn/end`` records ``aborted`` with cause ``crash``.
+    """
+    open_turn: int | None = None
+    cut: list[SessionEvent] = []  # visible chunks of a stream with no anchor yet
+    step = None
+    for event in session.events:
+        kind = event.type
+        if kind == "turn/start":
+            open_turn, cut = event.turn, []
+        elif kind == "turn/end":
+            open_turn, cut = None, []
+        elif kind == "request/header":
+            cut, step = [], event.data.get("step")
+        elif kind == "assistant/chunk":
+            if event.data.get("kind") in ("text", "reasoning"):
+                cut.append(event)
+        elif kind == "assistant/message":
+            cut = []
+    if open_turn is None:
+        return
+    if cut:
+        session.append(
+            "assistant/message",
+            data(
+                step=step,
+                content="".join(e.data["delta"] for e in cut if e.data["kind"] == "text"),
+                reasoning="".join(e.data["delta"] for e in cut if e.data["kind"] == "reasoning")
+                or None,
+                reasoning_signature=None,
+                tool_calls=(),
+                source_event_seqs=tuple(e.seq for e in cut),
+                finish_reason=None,
+                usage=None,
+                interrupted=True,
+            ),
+            open_turn,
+        )
+    for call, logged in session.unanswered:
+        if not logged:
+            session.append(
+                "tool/call",
+                data(call_id=call.id, name=call.name, arguments=call.arguments),
+                open_turn,
+            )
+        session.append(
+            "tool/result",
+            data(
+                call_id=call.id,
+                name=call.name,
+                content="Error: the process stopped before this call finished",
+                is_error=True,
+                error_code="INTERRUPTED",
+            ),
+            open_turn,
+        )
+    session.append("turn/end", data(turn=open_turn, reason="aborted", cause="crash"), open_turn)
 
 
 def data(**fields: Any) -> FrozenDict:

@@ -164,7 +164,7 @@ def test_lifecycle_interleavings_keep_the_registry_and_pairing_sound(data: st.Da
                             handles.append(h)
                             logs[id(h.agent)] = h.agent.session
                     except (ValueError, agentloop.SessionIdInUse, agentloop.RuntimeClosed,
-                            RuntimeError):
+                            agentloop.AgentDisposed, RuntimeError):
                         pass
 
                 steps = data.draw(st.integers(1, 12), label="steps")
