@@ -1,9 +1,13 @@
-"""A tiny HTTP/1.1 server on 127.0.0.1 for adapter tests: replays captures, scripts failures.
+"""A tiny HTTP/1.1 server on 127.0.0.1 for adapter tests: replays streams, scripts failures.
 
 ``serve(handler)`` runs the server for the duration of an ``async with`` and yields a
 :class:`Server` with its base URL and the requests it received. A handler gets the parsed
 request and the connection's stream and writes whatever response it likes; the connection is
 closed when the handler returns (every response says ``Connection: close``).
+
+Two kinds of recorded stream are served: this project's own fixtures (``tests/fixtures/streams``,
+always present) and third-party captures in ``../shared/streams`` beside the checkout, which
+only some machines have; tests replaying a capture skip when it is absent.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import pytest
 import trio
 
 from agentloop import CallConfig, Message, ToolSpec
@@ -24,6 +29,14 @@ from agentloop._model import StreamPart
 from agentloop.llm import LLMRequest
 
 STREAMS = Path(__file__).resolve().parents[1].parent / "shared" / "streams"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "streams"
+
+_NO_CAPTURES = f"{STREAMS} is absent (a fresh clone has no ../shared)"
+# A skip raised inside a trio test loses its reason (pytest-trio re-raises it bare), so tests
+# replaying captures carry this mark and skip before they start.
+needs_captures = pytest.mark.skipif(
+    not STREAMS.is_dir(), reason=f"replays third-party captures, but {_NO_CAPTURES}"
+)
 
 
 @attrs.frozen
@@ -147,8 +160,15 @@ async def start_stream(
 
 
 def capture(name: str) -> bytes:
-    """The bytes of a provider capture in shared/streams."""
+    """The bytes of a third-party capture in ``STREAMS``; skips the test when that is absent."""
+    if not STREAMS.is_dir():
+        pytest.skip(f"replays the capture {name}, but {_NO_CAPTURES}")
     return (STREAMS / name).read_bytes()
+
+
+def fixture(name: str) -> bytes:
+    """The bytes of one of the project's own stream fixtures."""
+    return (FIXTURES / name).read_bytes()
 
 
 def sse_body(body: bytes | str, *, chunk_size: int | None = None) -> Handler:
@@ -173,6 +193,11 @@ def replay(name: str, *, chunk_size: int | None = None) -> Handler:
     return sse_body(capture(name), chunk_size=chunk_size)
 
 
+def replay_fixture(name: str, *, chunk_size: int | None = None) -> Handler:
+    """Replay the project's fixture ``name`` byte for byte as an event stream."""
+    return sse_body(fixture(name), chunk_size=chunk_size)
+
+
 def json_error(status: int, payload: object, *, headers: Iterable[tuple[str, str]] = ()) -> Handler:
     """An error status with a JSON body (and extra headers such as ``Retry-After``)."""
     body = json.dumps(payload).encode()
@@ -189,6 +214,27 @@ def plain_error(status: int, text: str) -> Handler:
 
     async def handler(request: Request, stream: trio.SocketStream) -> None:
         await respond(stream, status, text.encode(), content_type="text/plain")
+
+    return handler
+
+
+def echo_headers(status: int) -> Handler:
+    """An error status whose JSON body quotes every request header back, as some proxies do."""
+
+    async def handler(request: Request, stream: trio.SocketStream) -> None:
+        echoed = "; ".join(f"{name}: {value}" for name, value in request.headers.items())
+        payload = {"error": {"message": f"rejected request with headers {echoed}"}}
+        await respond(stream, status, json.dumps(payload).encode())
+
+    return handler
+
+
+def echo_headers_in_status_line() -> Handler:
+    """A broken status line quoting the request's headers, so the client's protocol error does."""
+
+    async def handler(request: Request, stream: trio.SocketStream) -> None:
+        echoed = "; ".join(f"{name}: {value}" for name, value in request.headers.items())
+        await stream.send_all(f"HTTP/1.1 4x1 {echoed}\r\n\r\n".encode("latin-1"))
 
     return handler
 

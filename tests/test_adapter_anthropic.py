@@ -135,9 +135,97 @@ def message_end(reason: str = "end_turn", output_tokens: int = 9) -> list[tuple[
     ]
 
 
-# --- captures -------------------------------------------------------------------------------
+# --- the project's own fixtures (tests/fixtures/streams) ------------------------------------
 
 
+@pytest.mark.parametrize("chunk_size", [None, 1, 29])
+async def test_text_fixture_without_final_blank_line(chunk_size: int | None) -> None:
+    parts = await run(loopback.replay_fixture("anthropic-messages-text.sse", chunk_size=chunk_size))
+    usage = {
+        "input_tokens": 17,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 11,
+    }
+    assert parts == [
+        TextDelta("Bonjour"),
+        TextDelta(" from the loopback"),
+        TextDelta(" \u2014 \u00e7a marche \u2713"),
+        Finish("stop", usage),
+    ]
+
+
+@pytest.mark.parametrize("chunk_size", [None, 11])
+async def test_tool_use_fixture(chunk_size: int | None) -> None:
+    parts = await run(
+        loopback.replay_fixture("anthropic-messages-tool-use.sse", chunk_size=chunk_size)
+    )
+    assert text_of(parts) == "Let me read the first lines of the README."
+    calls = [p for p in parts if isinstance(p, ToolCallDelta)]
+    assert calls[0] == ToolCallDelta(0, "toolu_al_fixture_read_01", "read_file", "")
+    assert [c.arguments for c in calls[1:]] == ['{"path": "REA', 'DME.md", "li', 'nes": [1, 40]}']
+    assert all(c.index == 0 and c.id is None and c.name is None for c in calls[1:])
+    assert json.loads(arguments(parts, 0)) == {"path": "README.md", "lines": [1, 40]}
+    finish = finish_of(parts)
+    assert finish.reason == "tool_calls"
+    assert finish.usage is not None
+    assert (finish.usage["input_tokens"], finish.usage["output_tokens"]) == (402, 58)
+
+
+async def test_thinking_and_signature_fixture() -> None:
+    parts = await run(loopback.replay_fixture("anthropic-messages-thinking.sse", chunk_size=17))
+    signature = "YWdlbnRsb29wIGZpeHR1cmUgc2lnbmF0dXJlLCBub3QgYSByZWFsIG9uZQ=="
+    assert parts[:-1] == [
+        ReasoningDelta("The user asks for 12 \u00d7 12."),
+        ReasoningDelta(" Ten twelves are 120, plus two"),
+        ReasoningDelta(" more is 144."),
+        ReasoningDelta("", signature=signature),
+        TextDelta("12 \u00d7 12 = 144."),
+    ]
+    finish = finish_of(parts)
+    assert finish.reason == "stop"
+    assert finish.usage is not None
+    assert (finish.usage["input_tokens"], finish.usage["output_tokens"]) == (31, 54)
+
+
+async def test_tool_input_cut_off_by_max_tokens_fixture() -> None:
+    parts = await run(loopback.replay_fixture("anthropic-messages-max-tokens-tool-input.sse"))
+    assert text_of(parts) == "Writing the checklist now."
+    first = next(p for p in parts if isinstance(p, ToolCallDelta))
+    assert (first.index, first.id, first.name) == (0, "toolu_al_fixture_write_01", "write_file")
+    assert arguments(parts, 0) == '{"path": "checklist.md", "lines": ["Back up the data'
+    finish = finish_of(parts)
+    assert finish.reason == "max_tokens"
+    assert finish.usage is not None
+    assert (finish.usage["input_tokens"], finish.usage["output_tokens"]) == (380, 40)
+    assert finish.usage["cache_read_input_tokens"] == 256
+
+
+async def test_error_event_fixture() -> None:
+    exc = await failure(loopback.replay_fixture("anthropic-messages-error.sse"))
+    assert (exc.message, exc.code, exc.status) == ("Overloaded", "overloaded_error", None)
+
+
+async def test_incomplete_stream_fixture() -> None:
+    received: list[StreamPart] = []
+    error: ProviderError | None = None
+    with trio.fail_after(10):
+        async with serve(loopback.replay_fixture("anthropic-messages-incomplete.sse")) as server:
+            adapter = AnthropicAdapter(server.url, api_key=KEY)
+            async with contextlib.aclosing(adapter.stream(make_request())) as parts:
+                try:
+                    async for part in parts:
+                        received.append(part)
+                except ProviderError as exc:
+                    error = exc
+    assert received == [TextDelta("The stream stops"), TextDelta(" right here")]
+    assert error is not None and error.code == "incomplete_stream"
+
+
+# --- third-party captures (../shared/streams, skipped when absent) ---------------------------
+
+
+@loopback.needs_captures
 @pytest.mark.parametrize("chunk_size", [None, 1, 29])
 async def test_text_capture_without_final_blank_line(chunk_size: int | None) -> None:
     parts = await run(loopback.replay("anthropic-messages-text.sse", chunk_size=chunk_size))
@@ -149,6 +237,7 @@ async def test_text_capture_without_final_blank_line(chunk_size: int | None) -> 
     ]
 
 
+@loopback.needs_captures
 async def test_tool_use_capture() -> None:
     parts = await run(loopback.replay("anthropic-messages-tool-use.sse"))
     assert text_of(parts) == "I'll check the current weather in Paris for you."
@@ -163,6 +252,7 @@ async def test_tool_use_capture() -> None:
     assert (finish.usage["input_tokens"], finish.usage["output_tokens"]) == (377, 65)
 
 
+@loopback.needs_captures
 async def test_tool_input_cut_off_by_max_tokens_capture() -> None:
     parts = await run(loopback.replay("anthropic-messages-incomplete-partial-json.sse"))
     assert text_of(parts).startswith("I'll create a comprehensive tax guide")
@@ -177,6 +267,7 @@ async def test_tool_input_cut_off_by_max_tokens_capture() -> None:
     assert finish.usage["cache_read_input_tokens"] == 0
 
 
+@loopback.needs_captures
 async def test_thinking_signature_and_refusal_capture() -> None:
     parts = await run(loopback.replay("anthropic-messages-thinking-padded-synthetic.sse"))
     reasoning = [p for p in parts if isinstance(p, ReasoningDelta)]
@@ -271,7 +362,7 @@ async def test_401_echoing_the_key_is_scrubbed() -> None:
 
 
 async def test_connection_dropped_mid_stream() -> None:
-    body = loopback.capture("anthropic-messages-tool-use.sse")
+    body = loopback.fixture("anthropic-messages-tool-use.sse")
     exc = await failure(loopback.drop_mid_stream(body, after=700))
     assert exc.code == "connection_error"
 
@@ -290,6 +381,49 @@ async def test_cancellation_mid_stream_closes_the_connection() -> None:
             with trio.fail_after(2):
                 await hang.disconnected.wait()
     assert received == [TextDelta("first")]
+
+
+# --- lone surrogates -----------------------------------------------------------------------
+
+
+async def test_a_lone_surrogate_in_the_stream_is_delivered_as_sent() -> None:
+    events = [
+        message_start(),
+        *text_block(0, "a\ud83d"),
+        *tool_block(1, "toolu_s", "lookup", '{"q": "\udc00"}'),
+        *message_end("tool_use"),
+    ]
+    body = loopback.named_sse(*events)
+    assert b'"a\\ud83d"' in body
+    parts = await run(loopback.sse_body(body))
+    assert parts[0] == TextDelta("a\ud83d")
+    assert arguments(parts, 0) == '{"q": "\udc00"}'
+    assert finish_of(parts).reason == "tool_calls"
+
+
+async def test_a_lone_surrogate_in_the_history_is_sent_as_a_replacement_character() -> None:
+    history = (
+        Message("user", "half \ud83d an emoji"),
+        Message("assistant", "x\ude00", reasoning="r\ud83d", reasoning_signature="sig"),
+        Message("user", "fine"),
+    )
+    body = loopback.named_sse(message_start(), *message_end())
+    with trio.fail_after(10):
+        async with serve(loopback.sse_body(body)) as server:
+            await collect(AnthropicAdapter(server.url, api_key=KEY), make_request(history))
+    [sent] = server.requests
+    got = json.loads(sent.body.decode("utf-8"))
+    assert got["messages"] == [
+        {"role": "user", "content": "half \ufffd an emoji"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "r\ufffd", "signature": "sig"},
+                {"type": "text", "text": "x\ufffd"},
+            ],
+        },
+        {"role": "user", "content": "fine"},
+    ]
 
 
 # --- requests -------------------------------------------------------------------------------

@@ -104,9 +104,100 @@ def chunk(
     return {"choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish}], **extra}
 
 
-# --- captures -------------------------------------------------------------------------------
+# --- the project's own fixtures (tests/fixtures/streams) ------------------------------------
 
 
+@pytest.mark.parametrize("chunk_size", [None, 1, 7])
+async def test_text_with_usage_fixture(chunk_size: int | None) -> None:
+    parts = await run(
+        loopback.replay_fixture("openai-chat-text-with-usage.sse", chunk_size=chunk_size)
+    )
+    assert parts[:-1] == [
+        TextDelta("A loopback"),
+        TextDelta(" server never"),
+        TextDelta(" leaves the machine"),
+        TextDelta(" \u2014 caf\u00e9"),
+        TextDelta(" \u2615 included \U0001f680."),
+    ]
+    finish = only_finish(parts)
+    assert finish.reason == "stop"
+    assert finish.usage == {
+        "input_tokens": 23,
+        "output_tokens": 12,
+        "total_tokens": 35,
+        "cached_tokens": 0,
+        "audio_tokens": 0,
+        "reasoning_tokens": 0,
+        "accepted_prediction_tokens": 0,
+        "rejected_prediction_tokens": 0,
+    }
+
+
+async def test_finish_length_fixture() -> None:
+    parts = await run(loopback.replay_fixture("openai-chat-finish-length.sse"))
+    assert text_of(parts) == "The first primes are 2, 3"
+    finish = only_finish(parts)
+    assert finish.reason == "max_tokens"
+    assert finish.usage == {"input_tokens": 15, "output_tokens": 8, "total_tokens": 23}
+
+
+@pytest.mark.parametrize("chunk_size", [None, 5])
+async def test_tool_call_fixture(chunk_size: int | None) -> None:
+    parts = await run(loopback.replay_fixture("openai-chat-tool-call.sse", chunk_size=chunk_size))
+    assert parts[0] == ToolCallDelta(0, "call_alFixtureStation01", "find_station", "")
+    rest = [p for p in parts[1:-1] if isinstance(p, ToolCallDelta)]
+    assert len(rest) == 6 and all(p.id is None and p.name is None for p in rest)
+    calls = tool_calls(parts)
+    assert list(calls) == [0]
+    assert json.loads(calls[0]["arguments"]) == {"name": "Gare du Nord", "limit": 3}
+    finish = only_finish(parts)
+    assert finish.reason == "tool_calls"
+    assert finish.usage is not None
+    assert (finish.usage["input_tokens"], finish.usage["output_tokens"]) == (61, 19)
+    assert text_of(parts) == ""
+
+
+async def test_parallel_tool_calls_fixture() -> None:
+    parts = await run(loopback.replay_fixture("openai-chat-parallel-tool-calls.sse", chunk_size=64))
+    calls = tool_calls(parts)
+    assert calls == {
+        0: {
+            "id": "call_alFixtureClock01",
+            "name": "local_time",
+            "arguments": '{"zone": "Europe/Oslo"}',
+        },
+        1: {
+            "id": "call_alFixtureUnits02",
+            "name": "convert_units",
+            "arguments": '{"value": 12.5, "from": "km", "to": "mi"}',
+        },
+    }
+    finish = only_finish(parts)
+    assert finish.reason == "tool_calls"
+    assert finish.usage is not None and finish.usage["cached_tokens"] == 64
+
+
+@pytest.mark.parametrize("chunk_size", [None, 3])
+async def test_deepseek_reasoning_fixture(chunk_size: int | None) -> None:
+    parts = await run(loopback.replay_fixture("deepseek-chat-reasoning.sse", chunk_size=chunk_size))
+    assert parts[:-1] == [
+        ReasoningDelta("Seventeen has no divisor"),
+        ReasoningDelta(" between 2 and \u221a17."),
+        TextDelta("Yes, 17"),
+        TextDelta(" is prime."),
+    ]
+    finish = only_finish(parts)
+    assert finish.reason == "stop"
+    assert finish.usage is not None
+    assert finish.usage["input_tokens"] == 12 and finish.usage["output_tokens"] == 31
+    assert finish.usage["reasoning_tokens"] == 24
+    assert finish.usage["prompt_cache_miss_tokens"] == 12
+
+
+# --- third-party captures (../shared/streams, skipped when absent) ---------------------------
+
+
+@loopback.needs_captures
 @pytest.mark.parametrize("chunk_size", [None, 1, 13])
 async def test_text_with_usage_capture(chunk_size: int | None) -> None:
     parts = await run(loopback.replay("openai-chat-text-with-usage.sse", chunk_size=chunk_size))
@@ -124,6 +215,7 @@ async def test_text_with_usage_capture(chunk_size: int | None) -> None:
     assert finish.usage["reasoning_tokens"] == 0
 
 
+@loopback.needs_captures
 async def test_finish_length_capture() -> None:
     parts = await run(loopback.replay("openai-chat-finish-length.sse"))
     assert parts[:-1] == [TextDelta('{"')]
@@ -131,6 +223,7 @@ async def test_finish_length_capture() -> None:
     assert dict(only_finish(parts).usage or {})["output_tokens"] == 1
 
 
+@loopback.needs_captures
 async def test_tool_call_capture() -> None:
     parts = await run(loopback.replay("openai-chat-tool-call.sse"))
     assert parts[0] == ToolCallDelta(0, "call_4XzlGBLtUe9dy3GVNV4jhq7h", "get_weather", "")
@@ -145,6 +238,7 @@ async def test_tool_call_capture() -> None:
     assert text_of(parts) == ""
 
 
+@loopback.needs_captures
 async def test_parallel_tool_calls_capture() -> None:
     parts = await run(loopback.replay("openai-chat-parallel-tool-calls.sse", chunk_size=64))
     calls = tool_calls(parts)
@@ -302,7 +396,7 @@ async def test_provider_echoing_the_key_is_scrubbed() -> None:
 
 
 async def test_connection_dropped_mid_stream() -> None:
-    body = loopback.capture("openai-chat-tool-call.sse")
+    body = loopback.fixture("openai-chat-tool-call.sse")
     exc = await failure(loopback.drop_mid_stream(body, after=len(body) // 2))
     assert exc.code == "connection_error"
     assert exc.status is None
@@ -513,6 +607,58 @@ def test_repr_hides_the_key() -> None:
     assert repr(adapter) == "OpenAIChatAdapter(base_url='http://127.0.0.1:8080/v1')"
     assert_no_key(adapter)
     assert adapter.defaults == AdapterDefaults()
+
+
+# --- lone surrogates -----------------------------------------------------------------------
+
+
+async def test_a_lone_surrogate_in_the_stream_is_delivered_as_sent() -> None:
+    # A pair split over two deltas is only whole once the reply is folded, so nothing is
+    # repaired here.
+    body = loopback.sse(
+        chunk({"content": "a\ud83d"}),
+        chunk({"content": "\ude00b"}),
+        chunk(finish="stop"),
+        done=True,
+    )
+    assert b'"a\\ud83d"' in body
+    parts = await run(loopback.sse_body(body))
+    assert parts == [TextDelta("a\ud83d"), TextDelta("\ude00b"), Finish("stop", None)]
+
+
+async def test_a_lone_surrogate_in_the_history_is_sent_as_a_replacement_character() -> None:
+    history = (
+        Message("user", "half \ud83d an emoji"),
+        Message(
+            "assistant",
+            "x\ude00",
+            tool_calls=(ToolCall("call_1", "t", '{"q": "\udbff"}'),),
+            reasoning="r\ud83d",
+        ),
+        Message("tool", "y\ud800", tool_call_id="call_1"),
+    )
+    body = loopback.sse(chunk({"content": "ok"}), chunk(finish="stop"), done=True)
+    with trio.fail_after(10):
+        async with serve(loopback.sse_body(body)) as server:
+            adapter = OpenAIChatAdapter(server.url, api_key=KEY)
+            parts = await collect(adapter, make_request(history, system="s\udc00"))
+    assert text_of(parts) == "ok"
+    [sent] = server.requests
+    got = json.loads(sent.body.decode("utf-8"))
+    assert [m.get("content") for m in got["messages"]] == [
+        "s\ufffd",
+        "half \ufffd an emoji",
+        "x\ufffd",
+        "y\ufffd",
+    ]
+    assert got["messages"][2]["reasoning_content"] == "r\ufffd"
+    assert got["messages"][2]["tool_calls"][0]["function"]["arguments"] == '{"q": "\ufffd"}'
+
+
+async def test_an_error_message_with_a_lone_surrogate_is_made_encodable() -> None:
+    exc = await failure(loopback.json_error(500, {"error": {"message": "bad \ud83d", "code": "c"}}))
+    assert exc.message == "bad \ufffd"
+    json.dumps(exc.to_json(), ensure_ascii=False).encode()
 
 
 # --- the SSE decoder ------------------------------------------------------------------------

@@ -455,7 +455,7 @@ async def test_the_api_key_appears_nowhere(
     tmp_path: Path, echo: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     db = tmp_path / "sessions.db"
-    handlers = [loopback.replay("openai-chat-text-with-usage.sse"), _unauthorized(echo)]
+    handlers = [loopback.replay_fixture("openai-chat-text-with-usage.sse"), _unauthorized(echo)]
 
     async def handler(request: loopback.Request, stream: trio.SocketStream) -> None:
         await handlers.pop(0)(request, stream)

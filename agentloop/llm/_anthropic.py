@@ -53,6 +53,7 @@ class AnthropicAdapter(HTTPStreamAdapter):
     """
 
     _path: ClassVar[str] = "/messages"
+    _kind: ClassVar[str] = "anthropic"
     _default_defaults: ClassVar[AdapterDefaults] = AdapterDefaults(max_tokens=_FALLBACK_MAX_TOKENS)
 
     def _auth_headers(self, api_key: str) -> dict[str, str]:

@@ -48,6 +48,7 @@ class OpenAIChatAdapter(HTTPStreamAdapter):
     """
 
     _path: ClassVar[str] = "/chat/completions"
+    _kind: ClassVar[str] = "openai"
 
     def _auth_headers(self, api_key: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {api_key}"}

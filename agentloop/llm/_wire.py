@@ -21,6 +21,7 @@ from .._errors import ProviderError
 from .._http import client_for
 from .._model import CallConfig, Finish, LLMRequest, StreamPart
 from ._base import AdapterDefaults
+from ._secrets import Secrets, check_api_key, check_headers, shown_url
 
 __all__ = [
     "SSEEvent",
@@ -28,6 +29,8 @@ __all__ = [
     "PartDecoder",
     "HTTPStreamAdapter",
     "dumps",
+    "encode_body",
+    "repair_surrogates",
     "parse_event_json",
     "error_fields",
     "int_counters",
@@ -41,6 +44,25 @@ _DRAIN_SECONDS = 1.0
 def dumps(value: object) -> str:
     """Compact, deterministic JSON: the same value always gives the same text."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def repair_surrogates(text: str) -> str:
+    """``text`` made encodable as UTF-8: a surrogate pair is joined, a lone one becomes U+FFFD."""
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def encode_body(value: object) -> bytes:
+    """The UTF-8 request body for ``value`` (see :func:`dumps`).
+
+    A lone surrogate (which a JSON escape such as ``"\\ud83d"`` in a provider's stream decodes
+    to) cannot be encoded as UTF-8; it is sent as U+FFFD, so that one such string kept in a
+    history does not make every later request of the session fail.
+    """
+    text = dumps(value)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return repair_surrogates(text).encode()
 
 
 @attrs.frozen(slots=True)
@@ -119,19 +141,26 @@ class PartDecoder(Protocol):
         ...
 
 
+class MalformedEventError(ProviderError):
+    """An event whose data is not a JSON object.
+
+    The adapter turns it into a plain :class:`ProviderError` quoting the start of ``data``
+    once its secrets are masked: masking after the cut could miss a secret cut in half.
+    """
+
+    def __init__(self, problem: str, data: str) -> None:
+        super().__init__(problem, code="malformed_stream")
+        self.data = data
+
+
 def parse_event_json(data: str) -> dict[str, Any]:
     """The JSON object of an event's data, or ``ProviderError(code="malformed_stream")``."""
     try:
         value = json.loads(data)
     except ValueError:
-        raise ProviderError(
-            f"malformed JSON in the event stream: {data[:_SNIPPET]!r}", code="malformed_stream"
-        ) from None
+        raise MalformedEventError("malformed JSON in the event stream", data) from None
     if not isinstance(value, dict):
-        raise ProviderError(
-            f"expected a JSON object in the event stream: {data[:_SNIPPET]!r}",
-            code="malformed_stream",
-        )
+        raise MalformedEventError("expected a JSON object in the event stream", data)
     return value
 
 
@@ -201,9 +230,21 @@ def _retry_after(headers: httpx.Headers) -> float | None:
 
 
 class HTTPStreamAdapter:
-    """Common machinery of the streaming HTTP adapters (subclasses give the wire format)."""
+    """Common machinery of the streaming HTTP adapters (subclasses give the wire format).
+
+    The API key and ``headers`` are checked when the adapter is built: a value that is not a
+    valid HTTP header value raises :class:`agentloop.ConfigError` naming the adapter and what
+    is wrong, never the value. Such a value is refused, not cleaned up, because a key silently
+    stripped of its trailing newline hides a broken key file.
+
+    The key, the values of secret-looking headers (``Authorization``, ``X-Api-Key``, any name
+    containing ``key``, ``token``, ``secret`` or ``auth``) and a password in ``base_url`` are
+    masked as ``***`` in everything the adapter raises (messages, codes, the chained causes)
+    and in its ``repr``.
+    """
 
     _path: ClassVar[str]
+    _kind: ClassVar[str] = "HTTP"
     _default_defaults: ClassVar[AdapterDefaults] = AdapterDefaults()
 
     def __init__(
@@ -217,12 +258,18 @@ class HTTPStreamAdapter:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.defaults = defaults if defaults is not None else self._default_defaults
+        # The URL can hold secrets of its own (userinfo, an ``api-key`` query parameter).
+        shown = Secrets.of(None, {}, self.base_url).scrub(shown_url(self.base_url))
+        where = f"the {self._kind} adapter at {shown}"
+        check_api_key(api_key, where=where)
+        check_headers(headers, where=where)
         self._api_key = api_key or None
         self._headers = dict(headers or {})
         self._client = client
+        self._secrets = Secrets.of(self._api_key, self._headers, self.base_url)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(base_url={self.base_url!r})"
+        return f"{type(self).__name__}(base_url={self._clean(shown_url(self.base_url))!r})"
 
     def validate(self, config: CallConfig) -> None:
         """Raise ``ProviderError(code="invalid_config")`` when the call cannot be made."""
@@ -243,8 +290,9 @@ class HTTPStreamAdapter:
     def _decoder(self) -> PartDecoder:
         raise NotImplementedError
 
-    def _scrub(self, text: str) -> str:
-        return text.replace(self._api_key, "***") if self._api_key else text
+    def _clean(self, text: str) -> str:
+        # Error text is recorded (events, the session file, logs), so it must also encode.
+        return self._secrets.scrub(repair_surrogates(text))
 
     def _request_headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json", **self._static_headers()}
@@ -256,14 +304,19 @@ class HTTPStreamAdapter:
     async def stream(self, request: LLMRequest) -> AsyncIterator[StreamPart]:
         """Stream one model call: text, reasoning and tool-call deltas, then one Finish.
 
+        Text is passed on as the provider sent it: a lone surrogate from a JSON escape stays
+        (its other half may come in the next delta), and is repaired where the reply is put
+        together; only the request body and error messages are repaired here.
+
         Raises:
             ProviderError: on an HTTP error status, a transport failure or timeout, an error
                 reported inside the stream, or a stream that is malformed or stops short.
         """
         self.validate(request.config)
         url = f"{self.base_url}{self._path}"
-        content = dumps(self._body(request)).encode()
+        content = encode_body(self._body(request))
         decoder = self._decoder()
+        failure: ProviderError | None = None
         # An exit stack instead of nested `async with` blocks keeps every yield outside a
         # context manager (flake8-async ASYNC119). The runtime acloses this generator when it
         # stops early (ModelAdapter contract); the finally below then releases the connection.
@@ -282,7 +335,6 @@ class HTTPStreamAdapter:
             body = cast("AsyncGenerator[bytes, None]", response.aiter_bytes())
             chunks = await stack.enter_async_context(contextlib.aclosing(body))
             events = await stack.enter_async_context(contextlib.aclosing(_sse_events(chunks)))
-            failure: ProviderError | None = None
             async for event in events:
                 try:
                     parts = decoder.feed(event)
@@ -294,31 +346,53 @@ class HTTPStreamAdapter:
                 if decoder.done:
                     break
             await _drain(chunks)
-            if failure is not None:
-                raise failure
-            finish = decoder.finish()
-        except httpx.TimeoutException as exc:
-            raise ProviderError(
-                self._scrub(f"timed out talking to {url} ({type(exc).__name__})"), code="timeout"
-            ) from exc
-        except httpx.TransportError as exc:
-            detail = str(exc) or type(exc).__name__
-            raise ProviderError(
-                self._scrub(f"connection to {url} failed: {detail}"), code="connection_error"
-            ) from exc
-        except httpx.DecodingError as exc:
-            raise ProviderError(
-                self._scrub(f"undecodable response body from {url}: {exc}"),
-                code="malformed_stream",
-            ) from exc
+            if failure is None:
+                finish = decoder.finish()
         except ProviderError as exc:
-            exc.message = self._scrub(exc.message)
-            exc.code = self._scrub(exc.code) if exc.code else exc.code
-            exc.args = (exc.message,)
-            raise
+            failure = exc
+        except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
+            failure = self._converted(exc, shown_url(url))
         finally:
             await stack.aclose()
+        if failure is not None:
+            # Raised here, outside the handlers, so that nothing unscrubbed rides along as
+            # the implicit __context__.
+            raise self._cleaned(failure)
         yield finish
+
+    def _converted(self, exc: Exception, url: str) -> ProviderError:
+        if isinstance(exc, httpx.TimeoutException):
+            message, code = f"timed out talking to {url} ({type(exc).__name__})", "timeout"
+        elif isinstance(exc, httpx.TransportError):
+            detail = str(exc) or type(exc).__name__
+            message, code = f"connection to {url} failed: {detail}", "connection_error"
+        elif isinstance(exc, httpx.DecodingError):
+            message, code = f"undecodable response body from {url}: {exc}", "malformed_stream"
+        elif isinstance(exc, httpx.InvalidURL):
+            message, code = f"cannot call {url}: {exc}", "invalid_config"
+        else:
+            message, code = f"HTTP failure talking to {url}: {exc!r}", "http_error"
+        error = ProviderError(message, code=code)
+        error.__cause__ = exc
+        return error
+
+    def _cleaned(self, error: ProviderError) -> ProviderError:
+        """``error`` (in place) with its secrets masked and its text made encodable."""
+        if isinstance(error, MalformedEventError):
+            shown = self._clean(error.data)
+            if len(shown) > _SNIPPET:
+                shown = shown[:_SNIPPET] + "\N{HORIZONTAL ELLIPSIS}"
+            error = ProviderError(f"{error.message}: {shown!r}", code=error.code)
+        error.message = self._clean(error.message)
+        error.code = self._clean(error.code) if error.code else error.code
+        error.args = (error.message,)
+        suppress = error.__suppress_context__
+        for link in ("__cause__", "__context__"):
+            linked = getattr(error, link)
+            if linked is not None and self._secrets.scrub_chain(linked) is None:
+                setattr(error, link, None)
+        error.__suppress_context__ = suppress
+        return error
 
     async def _http_error(self, response: httpx.Response) -> ProviderError:
         body = await response.aread()
@@ -329,10 +403,11 @@ class HTTPStreamAdapter:
             payload = None
         message, code = error_fields(payload)
         if message is None:
-            snippet = text.strip()[:_SNIPPET]
+            # Masked before the cut, so no part of a secret survives at the edge.
+            snippet = self._clean(text.strip())[:_SNIPPET]
             message = f"HTTP {response.status_code}" + (f": {snippet}" if snippet else "")
         return ProviderError(
-            self._scrub(message),
+            message,
             status=response.status_code,
             code=code,
             retry_after=_retry_after(response.headers),
@@ -346,7 +421,7 @@ class HTTPStreamAdapter:
             payload = None
         message, code = error_fields(payload)
         if message is not None:
-            return ProviderError(self._scrub(message), status=response.status_code, code=code)
+            return ProviderError(message, status=response.status_code, code=code)
         return ProviderError(
             "expected an event stream, got a JSON document", code="malformed_stream"
         )
