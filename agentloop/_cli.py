@@ -535,7 +535,11 @@ def _store_path(db: str | None) -> str:
 
 @contextlib.asynccontextmanager
 async def _open_store(path: str, *, must_exist: str | None = None) -> AsyncIterator[Any]:
-    """The store at ``path``, or None when there is no file (listing never creates one)."""
+    """The store at ``path`` opened read-only, or None when there is no file.
+
+    Reading never creates, initialises or migrates a store, so it works where the store is
+    read-only (a mounted backup, another user's directory) and leaves the file as it was.
+    """
     from agentloop_sqlite import SqliteSessionStore
 
     if not await trio.Path(path).exists():
@@ -544,7 +548,7 @@ async def _open_store(path: str, *, must_exist: str | None = None) -> AsyncItera
         yield None
         await trio.lowlevel.checkpoint()
     else:
-        async with SqliteSessionStore(path) as store:
+        async with SqliteSessionStore.open_read_only(path) as store:
             yield store
 
 

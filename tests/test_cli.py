@@ -443,3 +443,113 @@ def test_missing_local_extra_says_how_to_install_it(
     line = one_error_line(capsys.readouterr().err)
     assert "pip install -e '.[local]'" in line
 
+
+
+# --- sessions only ever read the store --------------------------------------------------------
+
+import shutil
+import sqlite3
+
+import trio
+from agentloop_sqlite import SqliteSessionStore
+
+from agentloop._json import FrozenDict
+from agentloop._model import SessionEvent
+
+
+def _store_a_session(db: Path) -> None:
+    log = [
+        ("turn/start", FrozenDict(turn=1)),
+        ("user/message", FrozenDict(message_id="m1", content="hello", source=None)),
+        ("turn/end", FrozenDict(turn=1, reason="completed")),
+    ]
+
+    async def build() -> None:
+        async with SqliteSessionStore(db) as store:
+            await store.create("s1", FrozenDict(cwd="/work"))
+            for seq, (kind, data) in enumerate(log, start=1):
+                store.append("s1", SessionEvent(seq, kind, 1, data))
+            await store.flush("s1", len(log))
+
+    trio.run(build)
+
+
+def _files(db: Path) -> tuple[bytes, list[str]]:
+    return db.read_bytes(), sorted(os.listdir(db.parent))
+
+
+@pytest.mark.parametrize("command", [["list"], ["show", "s1"]])
+def test_sessions_refuse_another_applications_database_untouched(
+    tmp_path: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    db = tmp_path / "other.db"
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        conn.execute("CREATE TABLE t (x INTEGER)")
+        conn.execute("INSERT INTO t VALUES (1)")
+        conn.commit()
+    before = _files(db)
+    assert main(["sessions", *command, "--db", str(db)]) == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert str(db) in line and "not a session store" in line
+    assert _files(db) == before
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+
+
+def _read_only_prefix(kind: str, directory: Path) -> list[str]:
+    """A command prefix under which ``directory`` is read-only for the command it runs."""
+    if kind == "directory":
+        # chmod alone binds only non-root: root ignores permission bits unless it drops the
+        # capabilities that let it.
+        if os.geteuid() != 0:
+            return []
+        tool = shutil.which("setpriv")
+        prefix = [
+            tool or "setpriv",
+            "--inh-caps=-dac_override,-dac_read_search",
+            "--bounding-set=-dac_override,-dac_read_search",
+        ]
+        why = "running as root, which permission bits do not bind, and cannot drop that power"
+    else:
+        tool = shutil.which("unshare")
+        script = 'mount --bind "$0" "$0" && mount -o remount,ro,bind "$0" "$0" && exec "$@"'
+        prefix = [tool or "unshare", "--mount", "sh", "-c", script, str(directory)]
+        why = "cannot mount a read-only bind here (needs root and mount namespaces)"
+    if tool is None or subprocess.run([*prefix, "true"], capture_output=True).returncode:
+        pytest.skip(why)
+    return prefix
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["directory", "filesystem"])
+def test_sessions_read_a_store_in_a_read_only_place(
+    tmp_path: Path, env: dict[str, str], kind: str
+) -> None:
+    db = tmp_path / "ro" / "sessions.db"
+    _store_a_session(db)
+    before = _files(db)
+    prefix = _read_only_prefix(kind, db.parent)
+    if kind == "directory":
+        db.chmod(0o444)
+        db.parent.chmod(0o555)
+
+    def sessions(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*prefix, sys.executable, "-m", "agentloop", "sessions", *args, "--db", str(db)],
+            capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL,
+        )
+
+    try:
+        listed = sessions("list")
+        shown = sessions("show", "s1")
+        ghost = sessions("show", "ghost")
+    finally:
+        db.parent.chmod(0o755)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[1].split()[:2] == ["s1", "1"]
+    assert shown.returncode == 0, shown.stderr
+    assert "user: hello" in shown.stdout
+    assert "--- turn 1 ended: completed ---" in shown.stdout
+    assert ghost.returncode == 1
+    assert "'ghost'" in one_error_line(ghost.stderr)
+    assert _files(db) == before

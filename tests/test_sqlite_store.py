@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import sqlite3
 import subprocess
@@ -465,3 +466,365 @@ def test_validate_session_id_rejects(session_id: Any) -> None:
     with pytest.raises(InvalidContent, match="invalid session id") as failure:
         validate_session_id(session_id)
     assert repr(session_id) in str(failure.value)
+
+
+# --- one unstorable event breaks only its session --------------------------------------------
+
+UNSTORABLE = [
+    pytest.param({"delta": "bad \udcff byte"}, 1, r"lone surrogate '\udcff'", id="low-surrogate"),
+    pytest.param({"delta": "half \ud83d"}, 1, r"lone surrogate '\ud83d'", id="high-surrogate"),
+    pytest.param({"n": 10**5000}, 1, "integer in its data is too large", id="huge-int"),
+    pytest.param({"delta": "x"}, 2**63, "64-bit", id="huge-turn"),
+]
+
+
+@pytest.mark.parametrize(("data", "turn", "reason"), UNSTORABLE)
+async def test_an_unstorable_event_fails_only_its_session(
+    db: Path, data: dict[str, Any], turn: int, reason: str
+) -> None:
+    bad = SessionEvent(2, "assistant/chunk", turn, FrozenDict(data))
+    with trio.fail_after(10):
+        async with SqliteSessionStore(db) as store:
+            await store.create("s1", META)
+            await store.create("s2", META)
+            # Queued together, so the bad row lands in one batch with the other session's.
+            for seq in (1, 2, 3):
+                store.append("s1", bad if seq == 2 else event(seq, text="s1"))
+                store.append("s2", event(seq, text="s2"))
+            await store.flush("s2", 3)
+            expected = r"^session 's1': event seq 2 \(assistant/chunk\) could not be stored"
+            with pytest.raises(PersistenceError, match=expected) as failure:
+                await store.flush("s1", 3)
+            assert reason in str(failure.value)
+            # Broken for good: later appends are refused and every flush says why.
+            store.append("s1", event(4, text="after"))
+            with pytest.raises(PersistenceError, match=expected):
+                await store.flush("s1", 4)
+            await store.flush("s1", 1)  # what was stored before the bad event is durable
+            store.append("s2", event(4, text="s2"))
+            await store.flush("s2", 4)
+            await store.create("s3", META)
+            store.append("s3", event(1, text="s3"))
+            await store.flush("s3", 1)
+        async with SqliteSessionStore(db) as reopened:
+            assert [e.seq for e in (await reopened.load("s1")).events] == [1]
+            kept = (await reopened.load("s2")).events
+            assert [(e.seq, e.data["text"]) for e in kept] == [(n, "s2") for n in (1, 2, 3, 4)]
+            assert [e.seq for e in (await reopened.load("s3")).events] == [1]
+            counts = {i.id: i.events for i in await reopened.list()}
+            assert counts == {"s1": 1, "s2": 4, "s3": 1}
+
+
+async def test_an_unstorable_event_alone_in_its_batch(store: SqliteSessionStore) -> None:
+    with trio.fail_after(10):
+        await store.create("s1", META)
+        store.append("s1", event(1, text="ok"))
+        await store.flush("s1", 1)
+        store.append("s1", SessionEvent(2, "user/message", 1, FrozenDict(content="\udcff")))
+        with pytest.raises(
+            PersistenceError, match=r"'s1': event seq 2 \(user/message\) .*lone surrogate"
+        ) as failure:
+            await store.flush("s1", 2)
+        assert isinstance(failure.value.__cause__, UnicodeEncodeError)
+        assert str(store.path) in str(failure.value)
+        assert await store.exists("s1")
+
+
+async def test_releasing_a_broken_session_lets_it_be_resumed(store: SqliteSessionStore) -> None:
+    with trio.fail_after(10):
+        await store.create("s1", META)
+        await store.acquire("s1", "rt")
+        store.append("s1", event(1, text="ok"))
+        store.append("s1", SessionEvent(2, "message", 1, FrozenDict(text="\udcff")))
+        with pytest.raises(PersistenceError, match="event seq 2"):
+            await store.flush("s1", 2)
+        await store.release("s1", "rt")
+        # A resumed driver continues from the stored log, which ends before the failed event.
+        await store.acquire("s1", "rt")
+        assert [e.seq for e in (await store.load("s1")).events] == [1]
+        store.append("s1", event(2, text="again"))
+        await store.flush("s1", 2)
+        assert [e.data["text"] for e in (await store.load("s1")).events] == ["ok", "again"]
+
+
+async def test_metadata_that_is_not_utf8_is_invalid_content(store: SqliteSessionStore) -> None:
+    with trio.fail_after(10):
+        with pytest.raises(InvalidContent, match=r"'s1'.*lone surrogate"):
+            await store.create("s1", FrozenDict(cwd="/home/\udcff"))
+        assert not await store.exists("s1")
+        await store.create("s2", META)
+
+
+# --- corrupt logs are PersistenceErrors naming session and seq -------------------------------
+
+LOG = [
+    ("turn/start", {"turn": 1}),
+    ("user/message", {"message_id": "m1", "content": "hi", "source": None}),
+    ("assistant/chunk", {"step": 1, "kind": "text", "delta": "ok"}),
+    (
+        "assistant/message",
+        {"content": "ok", "tool_calls": [{"id": "c1", "name": "f", "arguments": {}}]},
+    ),
+    ("tool/call", {"call_id": "c1", "name": "f", "arguments": {}}),
+    ("tool/result", {"call_id": "c1", "name": "f", "content": "done", "is_error": False}),
+    ("turn/end", {"turn": 1, "reason": "completed"}),
+]
+
+
+async def _store_log(db: Path) -> None:
+    async with SqliteSessionStore(db) as store:
+        await store.create("s1", META)
+        for seq, (kind, data) in enumerate(LOG, start=1):
+            frozen = freeze(data)
+            assert isinstance(frozen, FrozenDict)
+            store.append("s1", SessionEvent(seq, kind, 1, frozen))
+        await store.flush("s1", len(LOG))
+
+
+@pytest.mark.parametrize(
+    ("sql", "seq", "what"),
+    [
+        ("DELETE FROM events WHERE seq = 3", 3, "missing"),
+        ("UPDATE events SET seq = 9 WHERE seq = 1", 1, "missing"),
+        ("UPDATE events SET seq = 'three' WHERE seq = 3", 3, "missing"),
+        ("UPDATE events SET data = '{\"message_id\": \"m1\"}' WHERE seq = 2", 2, "'content'"),
+        ("UPDATE events SET data = '{\"kind\": \"text\"}' WHERE seq = 3", 3, "'delta'"),
+        (
+            "UPDATE events SET data = '{\"tool_calls\": [{\"id\": \"c1\"}]}' WHERE seq = 4",
+            4,
+            "'name'",
+        ),
+        ("UPDATE events SET data = '{\"tool_calls\": \"c1\"}' WHERE seq = 4", 4, "tool_calls"),
+        ("UPDATE events SET data = '{\"name\": \"f\"}' WHERE seq = 5", 5, "'call_id'"),
+        (
+            "UPDATE events SET data = '{\"call_id\": \"c1\", \"name\": \"f\"}' WHERE seq = 6",
+            6,
+            "'content'",
+        ),
+        ("UPDATE events SET data = '{\"x\": ' WHERE seq = 6", 6, "does not decode"),
+        ("UPDATE events SET type = x'00' WHERE seq = 2", 2, "malformed"),
+    ],
+)
+async def test_a_corrupt_log_names_session_and_seq(
+    db: Path, sql: str, seq: int, what: str
+) -> None:
+    with trio.fail_after(10):
+        await _store_log(db)
+        with raw(db) as conn, conn:
+            conn.execute(sql)
+        async with SqliteSessionStore(db) as store:
+            with pytest.raises(PersistenceError, match=rf"'s1', event seq {seq} ") as failure:
+                await store.load("s1")
+            assert what in str(failure.value)
+            assert str(db) in str(failure.value)
+
+
+async def test_the_intact_log_loads(db: Path) -> None:
+    with trio.fail_after(10):
+        await _store_log(db)
+        async with SqliteSessionStore(db) as store:
+            loaded = await store.load("s1")
+        assert [e.type for e in loaded.events] == [kind for kind, _ in LOG]
+
+
+async def test_a_schema_version_changed_under_an_open_store_is_refused(db: Path) -> None:
+    with trio.fail_after(10):
+        await _store_log(db)
+        async with SqliteSessionStore(db) as store:
+            with raw(db) as conn:
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+            with pytest.raises(PersistenceError, match=r"'s1'.* schema version 2") as failure:
+                await store.load("s1")
+            assert str(db) in str(failure.value)
+
+
+@pytest.mark.parametrize("version", [-1, -(2**31)])
+async def test_an_unknown_older_schema_version_is_refused(db: Path, version: int) -> None:
+    db.parent.mkdir(parents=True)
+    with raw(db) as conn:
+        conn.execute(f"PRAGMA user_version = {version}")
+    with trio.fail_after(10), pytest.raises(PersistenceError, match=f"version {version}"):
+        await SqliteSessionStore(db).open()
+    with raw(db) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone() == (version,)
+
+
+# --- a file that is not a store is refused untouched -----------------------------------------
+
+
+def _snapshot(path: Path) -> tuple[bytes, list[str]]:
+    return path.read_bytes(), sorted(os.listdir(path.parent))
+
+
+@pytest.mark.parametrize("user_version", [0, SCHEMA_VERSION])
+async def test_a_foreign_database_is_refused_unchanged(db: Path, user_version: int) -> None:
+    db.parent.mkdir(parents=True)
+    with raw(db) as conn:
+        conn.execute("CREATE TABLE t (x INTEGER)")
+        conn.execute("INSERT INTO t VALUES (42)")
+        conn.execute(f"PRAGMA user_version = {user_version}")
+        conn.commit()
+    before = _snapshot(db)
+    with trio.fail_after(10), pytest.raises(PersistenceError) as failure:
+        await SqliteSessionStore(db).open()
+    assert str(db) in str(failure.value)
+    assert "not a session store" in str(failure.value)
+    assert _snapshot(db) == before
+    with raw(db) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+    assert _snapshot(db) == before
+
+
+async def test_a_text_file_is_refused_unchanged(db: Path) -> None:
+    _write_file(db, b"name,amount\nwidget,3\n" * 300)
+    before = _snapshot(db)
+    with trio.fail_after(10), pytest.raises(PersistenceError) as failure:
+        await SqliteSessionStore(db).open()
+    assert str(db) in str(failure.value)
+    assert _snapshot(db) == before
+
+
+async def test_an_empty_file_becomes_a_store(db: Path) -> None:
+    _write_file(db, b"")
+    with trio.fail_after(10):
+        async with SqliteSessionStore(db) as store:
+            await store.create("s1", META)
+            store.append("s1", event(1))
+            await store.flush("s1", 1)
+        with raw(db) as conn:
+            assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+            assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+
+
+# --- read-only access ------------------------------------------------------------------------
+
+
+async def _store_one_session(db: Path) -> None:
+    async with SqliteSessionStore(db) as store:
+        await store.create("s1", META)
+        store.append("s1", event(1, "turn/start", 1))
+        store.append("s1", event(2, "user/message", 1, content="hello"))
+        await store.flush("s1", 2)
+
+
+async def test_a_read_only_store_reads_and_never_writes(tmp_path: Path) -> None:
+    # Characters that mean something in a URI must stay part of the file name.
+    db = tmp_path / "odd ?name#1 100%" / "sessions.db"
+    with trio.fail_after(10):
+        await _store_one_session(db)
+        before = await trio.Path(db).read_bytes()
+        async with SqliteSessionStore.open_read_only(db) as store:
+            assert [i.id for i in await store.list()] == ["s1"]
+            assert await store.exists("s1")
+            loaded = await store.load("s1")
+            assert [e.data.get("content") for e in loaded.events] == [None, "hello"]
+            with pytest.raises(PersistenceError, match="read-only"):
+                await store.create("s2", META)
+            with pytest.raises(PersistenceError, match="read-only"):
+                store.append("s1", event(3))
+            with pytest.raises(PersistenceError, match="read-only"):
+                await store.flush("s1", 3)
+            with pytest.raises(PersistenceError, match="read-only"):
+                await store.acquire("s1", "rt")
+            assert not await store.exists("s2")
+        assert await trio.Path(db).read_bytes() == before
+
+
+async def test_a_read_only_open_creates_and_migrates_nothing(tmp_path: Path) -> None:
+    missing = tmp_path / "no" / "such.db"
+    with trio.fail_after(10):
+        with pytest.raises(PersistenceError, match=rf"{missing}.* does not exist"):
+            await SqliteSessionStore.open_read_only(missing).open()
+        assert not missing.parent.exists()
+        empty = tmp_path / "empty.db"
+        empty.write_bytes(b"")
+        with pytest.raises(PersistenceError, match=rf"{empty}.*not a session store"):
+            await SqliteSessionStore.open_read_only(empty).open()
+        assert empty.read_bytes() == b""
+        assert sorted(os.listdir(tmp_path)) == ["empty.db"]
+
+
+def _read_only_prefix(kind: str, directory: Path) -> list[str]:
+    """A command prefix under which ``directory`` is read-only for the command it runs."""
+    if kind == "directory":
+        # chmod alone binds only non-root: root ignores permission bits unless it drops the
+        # capabilities that let it.
+        if os.geteuid() != 0:
+            return []
+        tool = shutil.which("setpriv")
+        prefix = [
+            tool or "setpriv",
+            "--inh-caps=-dac_override,-dac_read_search",
+            "--bounding-set=-dac_override,-dac_read_search",
+        ]
+        why = "running as root, which permission bits do not bind, and cannot drop that power"
+    else:
+        tool = shutil.which("unshare")
+        script = 'mount --bind "$0" "$0" && mount -o remount,ro,bind "$0" "$0" && exec "$@"'
+        prefix = [tool or "unshare", "--mount", "sh", "-c", script, str(directory)]
+        why = "cannot mount a read-only bind here (needs root and mount namespaces)"
+    if tool is None or subprocess.run([*prefix, "true"], capture_output=True).returncode:
+        pytest.skip(why)
+    return prefix
+
+
+_READ_ONLY_CHILD = """
+import sys, trio
+from agentloop_sqlite import SqliteSessionStore
+
+async def main():
+    async with SqliteSessionStore.open_read_only(sys.argv[1]) as store:
+        print([i.id for i in await store.list()])
+        print([e.seq for e in (await store.load("s1")).events])
+
+trio.run(main)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["directory", "filesystem"])
+async def test_a_store_in_a_read_only_place_is_readable(tmp_path: Path, kind: str) -> None:
+    db = tmp_path / "ro" / "sessions.db"
+    with trio.fail_after(20):
+        await _store_one_session(db)
+        before = _snapshot(db)
+        prefix = _read_only_prefix(kind, db.parent)
+        if kind == "directory":
+            db.chmod(0o444)
+            db.parent.chmod(0o555)
+        try:
+            done = await trio.run_process(
+                [*prefix, sys.executable, "-c", _READ_ONLY_CHILD, str(db)],
+                capture_stdout=True, capture_stderr=True, check=False,
+            )
+        finally:
+            db.parent.chmod(0o755)
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode().splitlines() == ["['s1']", "[1, 2]"]
+    assert _snapshot(db) == before
+
+
+@pytest.mark.slow
+async def test_a_crashed_writers_log_in_a_read_only_place_is_refused(tmp_path: Path) -> None:
+    live = tmp_path / "live" / "sessions.db"
+    db = tmp_path / "ro" / "sessions.db"
+    db.parent.mkdir()
+    with trio.fail_after(20):
+        await _store_one_session(live)
+        # What a writer killed mid-run leaves: commits in the -wal file, never checkpointed.
+        with raw(live) as conn:
+            conn.execute("PRAGMA wal_autocheckpoint = 0")
+            with conn:
+                conn.execute("UPDATE sessions SET turns = 7")
+            for suffix in ("", "-wal"):
+                shutil.copyfile(f"{live}{suffix}", f"{db}{suffix}")
+        prefix = _read_only_prefix("filesystem", db.parent)
+        done = await trio.run_process(
+            [*prefix, sys.executable, "-c", _READ_ONLY_CHILD, str(db)],
+            capture_stdout=True, capture_stderr=True, check=False,
+        )
+        assert done.returncode != 0
+        assert "holds commits" in done.stderr.decode()
+        # Where SQLite can write its -shm file, it replays those commits instead.
+        async with SqliteSessionStore.open_read_only(db) as store:
+            assert [i.turns for i in await store.list()] == [7]

@@ -16,6 +16,7 @@ import itertools
 import json
 import math
 import os
+import pathlib
 import queue
 import socket
 import sqlite3
@@ -113,8 +114,64 @@ _DECODER: Final = json.JSONDecoder(
 )
 
 
+# The keys that readers of a loaded log (the history reducers, crash recovery, transcripts)
+# index directly: a stored event without them is reported here, by session and seq, rather
+# than as a KeyError wherever it is first read.
+_REQUIRED_KEYS: Final[dict[str, tuple[str, ...]]] = {
+    "user/message": ("content",),
+    "steering/message": ("content",),
+    "tool/call": ("call_id",),
+    "tool/result": ("call_id", "name", "content"),
+}
+_TOOL_CALL_KEYS: Final = ("id", "name", "arguments")
+
+
+def _shape_problem(type_: str, data: FrozenDict) -> str | None:
+    """What a reader would trip over in an event's data, or None."""
+    for key in _REQUIRED_KEYS.get(type_, ()):
+        if key not in data:
+            return f"lacks {key!r}"
+    if type_ == "assistant/message":
+        calls = data.get("tool_calls", ())
+        if not isinstance(calls, tuple):
+            return "has tool_calls that is not a list"
+        for i, call in enumerate(calls):
+            if not isinstance(call, FrozenDict):
+                return f"has tool_calls[{i}] that is not an object"
+            for key in _TOOL_CALL_KEYS:
+                if key not in call:
+                    return f"lacks {key!r} in tool_calls[{i}]"
+    elif (
+        type_ == "assistant/chunk"
+        and data.get("kind") in ("text", "reasoning")
+        and not isinstance(data.get("delta"), str)
+    ):
+        return "lacks a text 'delta'"
+    return None
+
+
+def _unicode_reason(exc: UnicodeEncodeError, where: str = "") -> str:
+    if "surrogate" in exc.reason:
+        return f"lone surrogate {exc.object[exc.start : exc.end]!r}{where} is not valid UTF-8"
+    return f"text{where} cannot be encoded as UTF-8: {exc}"
+
+
+def _readable(text: str) -> str:
+    # An error message must itself be printable: escape what UTF-8 cannot carry.
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 _T = TypeVar("_T")
 _Row: TypeAlias = tuple[str, int, str, "int | None", str]
+
+
+@attrs.frozen(slots=True)
+class _Failure:
+    """Why a session stopped being stored: its first event that could not be."""
+
+    seq: int
+    message: str
+    cause: BaseException
 
 
 @attrs.define(slots=True)
@@ -186,6 +243,12 @@ def _nothing() -> None:
     return None
 
 
+def _cannot_create_wal_files(exc: sqlite3.OperationalError) -> bool:
+    """Whether a read-only open failed for want of the ``-wal``/``-shm`` files beside it."""
+    name = getattr(exc, "sqlite_errorname", "")
+    return name == "SQLITE_CANTOPEN" or name.startswith("SQLITE_READONLY")
+
+
 def _process_identity(pid: int) -> tuple[str, str] | None:
     """A process's state letter and start time (clock ticks since boot), or None without /proc."""
     try:
@@ -205,16 +268,25 @@ class SqliteSessionStore:
     queued for a dedicated writer thread that commits queued events in batches with
     ``synchronous=FULL``; ``flush`` waits until the session's queued events are committed.
 
-    A write that fails (an unknown session, a duplicate seq, a full disk) poisons only its
-    session: later appends to it are dropped, so the stored log never has a hole, and every
-    later ``flush`` of it raises :class:`~agentloop.PersistenceError` with the cause.
+    An event that cannot be stored (text with a lone surrogate, an integer too large for JSON
+    or SQLite, a duplicate seq, an unknown session, a full disk) breaks only its session, never
+    the writer: the events before it stay stored; it and every later append of that session
+    are refused (``append`` still returns at once), so the stored log never has a gap; and
+    every ``flush`` of the session from that seq on raises :class:`~agentloop.PersistenceError`
+    naming the session, the seq, the event type and the reason. Other sessions keep writing.
+    Releasing the session's lease ends its driver, and so the breakage: a driver that resumes
+    it later continues from the stored log, which ends just before the refused event.
+
+    :meth:`open_read_only` gives a store that only reads: it creates, initialises and migrates
+    nothing, so it works on a read-only file, directory or filesystem.
 
     The live-driver lease records the holder's pid, host and process start time; a lease whose
     holder process has died on this host is free, so a crash never locks a session for good.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, read_only: bool = False) -> None:
         self._path = os.fspath(path)
+        self._read_only = read_only
         self.stats = StoreStats()
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._state = "new"
@@ -223,7 +295,7 @@ class SqliteSessionStore:
         self._last_ticket: dict[str, int] = {}
         # Written by the worker thread only.
         self._processed = 0
-        self._failed: dict[str, BaseException] = {}
+        self._failed: dict[str, _Failure] = {}
         self._fatal: BaseException | None = None
         self._conn: sqlite3.Connection | None = None
         self._held: dict[str, str] = {}
@@ -231,19 +303,42 @@ class SqliteSessionStore:
         self._host = socket.gethostname()
         self._started: str | None = None
 
+    @classmethod
+    def open_read_only(cls, path: str | os.PathLike[str]) -> SqliteSessionStore:
+        """A store that reads the existing store at ``path`` and never writes to it.
+
+        Use it as ``async with SqliteSessionStore.open_read_only(path) as store: ...``. The
+        file is opened with SQLite's ``mode=ro``; where SQLite cannot create the ``-wal`` and
+        ``-shm`` files it needs beside it (a read-only directory or filesystem), it is opened
+        ``immutable``, which reads the main file only: complete unless a writer crashed and
+        left commits in its ``-wal`` file, which is then refused rather than ignored. Writes
+        (``create``, ``append``, ``flush``, ``acquire``) raise :class:`PersistenceError`;
+        ``release`` does nothing, as such a store holds no lease.
+        """
+        return cls(path, read_only=True)
+
     @property
     def path(self) -> str:
         """The database file."""
         return self._path
+
+    @property
+    def read_only(self) -> bool:
+        """Whether this store only reads (see :meth:`open_read_only`)."""
+        return self._read_only
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def open(self) -> None:
         """Open (creating if needed) the database file, its parent directories and schema.
 
+        A read-only store (:meth:`open_read_only`) creates nothing: the file must be a store.
+        A file that is refused is left exactly as it was found.
+
         Raises:
             PersistenceError: the file is not an SQLite database, is some other application's
-                database, or has a newer schema version than this module supports.
+                database, or has a schema version this module does not know; a read-only
+                store's file does not exist or is not yet a store.
         """
         if self._state != "new":
             raise PersistenceError(f"session store {self._path} was already opened")
@@ -311,8 +406,15 @@ class SqliteSessionStore:
             PersistenceError: a session with this id is already stored.
         """
         validate_session_id(session_id)
+        self._check_writable("create a session")
         try:
             meta_json = _ENCODER.encode(meta)
+            # SQLite takes UTF-8 only; a lone surrogate would fail in the writer instead.
+            meta_json.encode()
+        except UnicodeEncodeError as exc:
+            raise InvalidContent(
+                f"metadata of session {session_id!r}: {_unicode_reason(exc)}"
+            ) from exc
         except (TypeError, ValueError) as exc:
             raise InvalidContent(f"metadata of session {session_id!r}: {exc}") from exc
         cwd = meta.get("cwd")
@@ -325,10 +427,11 @@ class SqliteSessionStore:
         """Queue one event for the writer. Call in seq order; O(1), never blocks.
 
         Raises:
-            PersistenceError: the store is not open.
+            PersistenceError: the store is not open, or is read-only.
         """
         if self._state != "open":
             raise self._not_open()
+        self._check_writable("append events")
         self._enqueued += 1
         self._last_ticket[session_id] = self._enqueued
         self._queue.put((session_id, event))
@@ -338,22 +441,23 @@ class SqliteSessionStore:
         come in seq order) is committed to disk.
 
         Raises:
-            PersistenceError: an event of this session could not be written (with the cause).
+            PersistenceError: an event of this session up to ``seq`` could not be stored (the
+                message names the first such event and why; the cause is chained), or the
+                store is read-only.
         """
         if self._state != "open":
             raise self._not_open()
+        self._check_writable("flush events")
         if self._last_ticket.get(session_id, 0) > self._processed:
             marker = _Flush(_nothing)
             self._queue.put(marker)
             await marker.wait()
         else:
             await trio.lowlevel.checkpoint()
-        cause = self._failed.get(session_id)
-        if cause is not None:
-            raise PersistenceError(
-                f"events of session {session_id!r} (up to seq {seq}) could not be written"
-                f" to {self._path}: {cause}"
-            ) from cause
+        failure = self._failed.get(session_id)
+        if failure is not None and seq >= failure.seq:
+            # A fresh error each time: re-raising one instance would pile up tracebacks.
+            raise PersistenceError(failure.message) from failure.cause
 
     async def acquire(self, session_id: str, owner: str) -> None:
         """Take the live-driver lease of a session for ``owner``.
@@ -366,16 +470,26 @@ class SqliteSessionStore:
                 still alive (or runs on another host, where liveness cannot be checked).
         """
         validate_session_id(session_id)
+        self._check_writable("take a lease")
         await self._call(functools.partial(self._do_acquire, session_id, owner), shield=True)
 
     async def release(self, session_id: str, owner: str) -> None:
         """Give the lease back if ``owner`` (in this process) holds it; otherwise do nothing."""
+        if self._read_only:
+            if self._state != "open":
+                raise self._not_open()
+            await trio.lowlevel.checkpoint()
+            return
         await self._call(functools.partial(self._do_release, session_id, owner), shield=True)
 
     # -- trio side helpers -------------------------------------------------------------------
 
     def _not_open(self) -> PersistenceError:
         return PersistenceError(f"session store {self._path} is not open ({self._state})")
+
+    def _check_writable(self, what: str) -> None:
+        if self._read_only:
+            raise PersistenceError(f"session store {self._path} is open read-only: cannot {what}")
 
     async def _call(self, fn: Callable[[], _T], *, shield: bool = False) -> _T:
         if self._state != "open":
@@ -471,6 +585,9 @@ class SqliteSessionStore:
             raise
 
     def _connect(self) -> None:
+        if self._read_only:
+            self._connect_read_only()
+            return
         path = self._path
         identity = _process_identity(self._pid)
         self._started = identity[1] if identity else None
@@ -487,7 +604,9 @@ class SqliteSessionStore:
         self._conn = conn
         try:
             conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
-            self._check_version()
+            # Only reads until the file is known to be a store (or empty): switching the
+            # journal mode rewrites the header of another application's database.
+            self._check_tables(self._check_version())
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = FULL")
             self._migrate()
@@ -497,6 +616,52 @@ class SqliteSessionStore:
         except BaseException:
             self._close_connection()
             raise
+
+    def _connect_read_only(self) -> None:
+        path = self._path
+        if not os.path.exists(path):
+            raise PersistenceError(f"session store {path} does not exist")
+        uri = pathlib.Path(os.path.abspath(path)).as_uri()
+        try:
+            try:
+                self._open_uri(f"{uri}?mode=ro")
+                self._check_store()
+            except sqlite3.OperationalError as exc:
+                if not _cannot_create_wal_files(exc):
+                    raise
+                self._close_connection()
+                wal = f"{path}-wal"
+                if os.path.exists(wal) and os.path.getsize(wal) > 0:
+                    raise PersistenceError(
+                        f"cannot read {path}: its write-ahead log {wal} holds commits that"
+                        f" SQLite cannot replay where it cannot write ({exc})"
+                    ) from exc
+                self._open_uri(f"{uri}?mode=ro&immutable=1")
+                self._check_store()
+        except sqlite3.DatabaseError as exc:
+            self._close_connection()
+            raise PersistenceError(f"cannot read session store {path}: {exc}") from exc
+        except BaseException:
+            self._close_connection()
+            raise
+
+    def _open_uri(self, uri: str) -> None:
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, cached_statements=64)
+        self._conn = conn
+        conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+
+    def _check_store(self) -> None:
+        version = self._check_version()
+        if version == 0:
+            if not self._table_names():
+                raise PersistenceError(f"{self._path} is empty: not a session store (yet)")
+            self._check_tables(0)
+        if version != SCHEMA_VERSION:
+            raise PersistenceError(
+                f"{self._path} has session schema version {version}; this read-only store"
+                f" reads version {SCHEMA_VERSION} and migrates nothing"
+            )
+        self._check_tables(version)
 
     def _close_connection(self) -> None:
         if self._conn is not None:
@@ -510,7 +675,38 @@ class SqliteSessionStore:
                 f"{self._path} has session schema version {version}, newer than version"
                 f" {SCHEMA_VERSION} supported here; upgrade agentloop to open it"
             )
+        if version < 0:
+            raise PersistenceError(
+                f"{self._path} has schema version {version}, which no agentloop writes:"
+                " not a session store"
+            )
         return int(version)
+
+    def _table_names(self) -> set[str]:
+        return {
+            name
+            for (name,) in self._db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'"
+                " AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\'"
+            )
+        }
+
+    def _check_tables(self, version: int) -> None:
+        names = self._table_names()
+        if version == 0:
+            foreign = names - _TABLES
+            if foreign:
+                raise PersistenceError(
+                    f"{self._path} is an SQLite database of another application"
+                    f" (tables {', '.join(sorted(foreign))}), not a session store"
+                )
+        else:
+            missing = _TABLES - names
+            if missing:
+                raise PersistenceError(
+                    f"{self._path} is not a session store: it has schema version {version}"
+                    f" but no tables {', '.join(sorted(missing))}"
+                )
 
     def _migrate(self) -> None:
         if self._check_version() == SCHEMA_VERSION:
@@ -519,18 +715,7 @@ class SqliteSessionStore:
             # Read again under the write lock: another process may have migrated meanwhile.
             version = self._check_version()
             if version == 0:
-                names = {
-                    name
-                    for (name,) in conn.execute(
-                        "SELECT name FROM sqlite_master WHERE type = 'table'"
-                    )
-                }
-                foreign = names - _TABLES
-                if foreign:
-                    raise PersistenceError(
-                        f"{self._path} is an SQLite database of another application"
-                        f" (tables {', '.join(sorted(foreign))}), not a session store"
-                    )
+                self._check_tables(0)
                 for statement in _SCHEMA:
                     conn.execute(statement)
             # Later schema versions add their steps here, each guarded by `version < N`.
@@ -565,7 +750,7 @@ class SqliteSessionStore:
             try:
                 row = (sid, event.seq, event.type, event.turn, encode(event.data))
             except Exception as exc:  # noqa: BLE001 - recorded as the session's failure
-                failed[sid] = exc
+                self._fail(sid, event.seq, event.type, exc, "its data cannot be written as JSON: ")
                 continue
             session_rows = rows.get(sid)
             if session_rows is None:
@@ -576,16 +761,9 @@ class SqliteSessionStore:
             return
         try:
             self._insert(rows)
-        except (sqlite3.Error, PersistenceError) as exc:
-            if len(rows) == 1:
-                failed[next(iter(rows))] = exc
-                return
-            # Find out which sessions are at fault so the others still get written.
+        except Exception:  # noqa: BLE001 - whatever it was, find its rows and keep the rest
             for sid, session_rows in rows.items():
-                try:
-                    self._insert({sid: session_rows})
-                except (sqlite3.Error, PersistenceError) as session_exc:
-                    failed[sid] = session_exc
+                self._insert_each(sid, session_rows)
 
     def _insert(self, rows: dict[str, builtins.list[_Row]]) -> None:
         now = time.time()
@@ -593,13 +771,59 @@ class SqliteSessionStore:
         with self._transaction() as conn:
             conn.executemany(_INSERT_EVENT, itertools.chain.from_iterable(rows.values()))
             for sid, session_rows in rows.items():
-                turns = sum(1 for row in session_rows if row[2] == _TURN_START)
-                bumped = conn.execute(_BUMP_SESSION, (len(session_rows), turns, now, sid))
-                if bumped.rowcount != 1:
-                    raise PersistenceError(f"session {sid!r} was never created")
+                self._bump(conn, sid, session_rows, now)
                 count += len(session_rows)
         self.stats.transactions += 1
         self.stats.events_written += count
+
+    def _bump(
+        self, conn: sqlite3.Connection, sid: str, rows: builtins.list[_Row], now: float
+    ) -> None:
+        turns = sum(1 for row in rows if row[2] == _TURN_START)
+        if conn.execute(_BUMP_SESSION, (len(rows), turns, now, sid)).rowcount != 1:
+            raise PersistenceError("the session was never created")
+
+    def _insert_each(self, sid: str, rows: builtins.list[_Row]) -> None:
+        """Store one session's rows up to the first that fails, and record that failure."""
+        culprit: _Row | None = None
+        error: BaseException | None = None
+        stored = 0
+        try:
+            with self._transaction() as conn:
+                for row in rows:
+                    try:
+                        conn.execute(_INSERT_EVENT, row)
+                    except Exception as exc:
+                        if not conn.in_transaction:
+                            raise  # SQLite rolled the transaction back: none of it stays
+                        culprit, error = row, exc
+                        break
+                    stored += 1
+                if stored:
+                    self._bump(conn, sid, rows[:stored], time.time())
+        except Exception as exc:  # noqa: BLE001 - nothing of this transaction was stored
+            culprit, error, stored = rows[0], exc, 0
+        if stored:
+            self.stats.transactions += 1
+            self.stats.events_written += stored
+        if culprit is not None and error is not None:
+            self._fail(sid, culprit[1], culprit[2], error)
+
+    def _fail(self, sid: str, seq: int, type_: str, exc: BaseException, prefix: str = "") -> None:
+        if isinstance(exc, UnicodeEncodeError):
+            where = " in its type" if exc.object == type_ else " in its data"
+            reason = _unicode_reason(exc, where)
+        elif isinstance(exc, OverflowError):
+            reason = f"its seq or turn does not fit in a 64-bit integer ({exc})"
+        elif isinstance(exc, ValueError) and "integer string conversion" in str(exc):
+            reason = f"an integer in its data is too large to write as JSON ({exc})"
+        else:
+            reason = f"{prefix}{exc}"
+        message = (
+            f"session {sid!r}: event seq {seq} ({type_}) could not be stored in {self._path}:"
+            f" {reason}; no later event of the session is stored"
+        )
+        self._failed[sid] = _Failure(seq, _readable(message), exc)
 
     def _do_exists(self, session_id: str) -> bool:
         row = self._db.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone()
@@ -635,6 +859,13 @@ class SqliteSessionStore:
         # One read transaction: the metadata and the log come from the same snapshot even
         # while another process appends.
         with self._transaction("BEGIN") as conn:
+            (version,) = conn.execute("PRAGMA user_version").fetchone()
+            if version != SCHEMA_VERSION:
+                # Another process changed the file since it was opened.
+                raise PersistenceError(
+                    f"cannot read session {session_id!r}: {self._path} now has schema version"
+                    f" {version}, not version {SCHEMA_VERSION} it had when opened here"
+                )
             found = conn.execute("SELECT meta FROM sessions WHERE id = ?", (session_id,)).fetchone()
             if found is None:
                 raise SessionNotFound(f"no session {session_id!r} in {self._path}")
@@ -644,11 +875,22 @@ class SqliteSessionStore:
             ).fetchall()
         meta = self._decode(found[0], f"the metadata of session {session_id!r}")
         events = []
-        for seq, type_, turn, data in rows:
+        for expected, (seq, type_, turn, data) in enumerate(rows, start=1):
+            if seq != expected or type(seq) is not int:
+                raise PersistenceError(
+                    f"session {session_id!r}, event seq {expected} is missing in {self._path}:"
+                    f" the stored log goes from seq {expected - 1} to seq {seq!r}"
+                )
             where = f"session {session_id!r}, event seq {seq}"
             if not isinstance(type_, str) or not (turn is None or isinstance(turn, int)):
                 raise PersistenceError(f"{where} in {self._path} has a malformed type or turn")
-            events.append(SessionEvent(seq, type_, turn, self._decode(data, where)))
+            value = self._decode(data, where)
+            problem = _shape_problem(type_, value)
+            if problem is not None:
+                raise PersistenceError(
+                    _readable(f"{where} ({type_}) in {self._path} is malformed: it {problem}")
+                )
+            events.append(SessionEvent(seq, type_, turn, value))
         return StoredSession(id=session_id, meta=meta, events=tuple(events))
 
     def _decode(self, data: object, where: str) -> FrozenDict:
@@ -715,3 +957,5 @@ class SqliteSessionStore:
             conn.execute(_DELETE_LEASE, (session_id, owner, self._pid, self._host))
         if self._held.get(session_id) == owner:
             del self._held[session_id]
+            # Its driver is gone; whoever resumes it continues from the stored log.
+            self._failed.pop(session_id, None)
