@@ -13,6 +13,7 @@ import contextlib
 import contextvars
 import json
 import logging
+import math
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -168,9 +169,10 @@ class Agent:
     """
 
     __slots__ = (
-        "_announced", "_attached", "_cancel_cause", "_disposing", "_driver_done", "_driving",
-        "_idle", "_lease", "_needs_lease", "_next_step", "_next_turn", "_proposal", "_published",
-        "_rt", "_scope", "_specs", "_specs_version", "_status", "_teardown", "_turn_scope", "_wake_flag",
+        "_announced", "_attached", "_cancel_cause", "_disposing", "_idle", "_lease",
+        "_needs_lease", "_next_step", "_next_turn", "_nursery", "_proposal", "_published",
+        "_quiescent", "_rt", "_scope", "_specs", "_specs_version", "_status", "_step_rx",
+        "_step_tx", "_teardown_requested", "_turn_rx", "_turn_scope", "_turn_tx", "_wake_flag",
         "_waking",
         "ctx",
         "cwd", "id", "options", "resumed", "session",
@@ -201,16 +203,22 @@ class Agent:
         # Ids of pending next-step messages that were sent to wake (steer): only those
         # continue a turn; an injection waits for the next step something else causes.
         self._waking: set[str] = set()
-        self._driving = False
         self._attached = False
         self._wake_flag = False
         self._turn_scope: trio.CancelScope | None = None
         self._cancel_cause: str | None = None
         self._idle: trio.Event | None = None
-        self._scope: trio.CancelScope | None = None
-        self._driver_done = Latch()
+        self._scope = trio.CancelScope()  # the actor's: cancelled when disposal times out
+        self._nursery: trio.Nursery | None = None
         self._announced = Latch()
-        self._teardown: trio.Event | None = None
+        self._teardown_requested = False
+        self._quiescent = Latch()
+        # The inboxes' channels (unbounded: send() never blocks). Next-turn carries every
+        # waking record, which is what an idle actor waits for; next-step carries
+        # non-waking next-step records. The pending lists stay the projection that edits,
+        # removals and claims act on.
+        self._turn_tx, self._turn_rx = trio.open_memory_channel[InboxMessage](math.inf)
+        self._step_tx, self._step_rx = trio.open_memory_channel[InboxMessage](math.inf)
         self._proposal = proposal or CallConfig(
             provider=options.provider,
             model=options.model,
@@ -295,7 +303,9 @@ class Agent:
         if bus.has_listeners(InboxInserted):
             bus.emit_nowait(InboxInserted(self.id, target, message))
         if wakeup:
-            self._request_wake()
+            self._request_wake(message)
+        elif target == "next-step":
+            self._step_tx.send_nowait(message)
         return message.id
 
     def followup(self, content: object, *, source: object = None) -> MessageId:
@@ -375,25 +385,22 @@ class Agent:
                     self._waking.discard(gone.id)
         pending[index : index + delete_count] = inserted
 
-    def _request_wake(self) -> None:
+    def _request_wake(self, record: InboxMessage) -> None:
         if self._status == "idle":
             self._admit()
         else:
             # Latched: replayed when the current activity converges.
             self._wake_flag = True
+        # The record reaches the actor through its next-turn channel: an idle actor waits
+        # there, a running one drains it at its next turn boundary.
+        self._turn_tx.send_nowait(record)
 
     def _admit(self) -> None:
+        # Synchronous, so a cancel() right after the send hits the turn it admitted.
         self._turn_scope = trio.CancelScope()
         self._cancel_cause = None
         self._wake_flag = True
         self._set_status("running")
-        self._start_driver()
-
-    def _start_driver(self) -> None:
-        # The driver task lives only while there is work: an idle agent holds no task.
-        if not self._driving and self._published:
-            self._driving = True
-            self._rt.agent_nursery.start_soon(self._actor)
 
     # --- run controls --------------------------------------------------------------------
 
@@ -423,7 +430,9 @@ class Agent:
         """Begin disposal: no more input, the running turn ends ``disposed``.
 
         Synchronous, so disposal is an input barrier: from this call on ``status`` reads
-        ``"disposed"`` and ``send`` raises :class:`AgentDisposed`.
+        ``"disposed"`` and ``send`` raises :class:`AgentDisposed`. Closing the inbox channels
+        ends an idle actor's wait; a busy one gets :data:`CLOSE_GRACE` to converge before its
+        scope is cancelled.
         """
         if self._disposing:
             return
@@ -433,57 +442,89 @@ class Agent:
         if self._turn_scope is not None and not self._turn_scope.cancel_called:
             self._cancel_cause = "disposed"
             self._turn_scope.cancel()
-        if not self._driving:
-            self._driver_done.set()
+        self._turn_tx.close()
+        self._step_tx.close()
+        if self._nursery is not None:
+            self._nursery.start_soon(self._grace)
 
-    def _cancel_scope(self) -> None:
-        """Cancel the driver's scope (disposal, after the grace period)."""
-        if self._scope is not None:
-            self._scope.cancel()
+    async def _grace(self) -> None:
+        await trio.sleep(CLOSE_GRACE)
+        log.warning("agent %s ignored disposal for %ss; cancelling its scope", self.id, CLOSE_GRACE)
+        self._scope.cancel()
 
-    # --- the driver ----------------------------------------------------------------------
+    # --- the actor -----------------------------------------------------------------------
 
     async def _actor(self) -> None:
+        """The agent's task (``agentloop.agent:<id>``), from publication to quiescence.
+
+        It owns a nursery under which its turns' tool tasks (and child actors) run. Idle, it
+        waits on its next-turn channel. When it returns, the closing events are flushed, its
+        scope is closed, its lease released and the supervisor has been asked to detach it.
+        """
         _current.set(self)
-        scope = self._scope = trio.CancelScope()
+        rt = self._rt
         try:
-            with scope:
-                if not self._attached:
-                    self._attached = True
-                    try:
-                        await self._rt.attach_persistence(self)
-                    except Exception as exc:  # noqa: BLE001 - ends this agent, not the runtime
-                        log.error("agent %s: could not attach its session to persistence (%s); "
-                                  "disposing it", self.id, exc)
-                        self._rt.dispose_soon(self)
-                        return
-                await self._drive()
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                if self._disposing:
+                    nursery.start_soon(self._grace)
+                try:
+                    with self._scope:
+                        if not self._attached:
+                            self._attached = True
+                            await rt.attach_persistence(self)
+                        await self._drive()
+                finally:
+                    # Ends the grace timer; children were disposed by the scope's close.
+                    nursery.cancel_scope.cancel()
+        except Exception as exc:
+            # A failing agent is disposed and reported; the supervisor and every other agent
+            # keep running.
+            log.error("agent %s failed and is disposed: %r", self.id, exc, exc_info=exc)
         finally:
-            self._driving = False
-            self._scope = None
-            if self._disposing:
-                self._driver_done.set()
+            self._nursery = None
+            self._stop()
+            with trio.move_on_after(CLOSE_GRACE, shield=True):
+                await self._flush(self.session.last_seq)
+                if self.ctx is not None:
+                    await self.ctx.aclose()
+                await rt.release_persistence(self)
+            rt.supervisor.detach(self)
 
     async def _drive(self) -> None:
-        while self._status == "running" and not self._stopping():
-            while True:
-                scope = self._turn_scope
-                assert scope is not None
-                self._wake_flag = False
-                await self._turn(scope)
-                if self._stopping():
-                    return
-                if self._wake_flag or self._next_turn:
-                    self._turn_scope = trio.CancelScope()
-                    self._cancel_cause = None
-                    continue
-                break
+        turns = self._turn_rx
+        while not self._stopping():
+            if self._status != "running":
+                try:
+                    await turns.receive()
+                except (trio.EndOfChannel, trio.ClosedResourceError):
+                    return  # disposal closed the inbox
+                # Admission already happened in send(), synchronously; a stale record (its
+                # message removed, or claimed by the turn before) finds the agent idle.
+                continue
+            # Everything that arrived so far is seen by this turn's claims; only input sent
+            # from here on replays the latch.
+            _drain(turns)
+            scope = self._turn_scope
+            assert scope is not None
+            self._wake_flag = False
+            await self._turn(scope)
+            if self._stopping():
+                return
+            if self._wake_flag or self._next_turn:
+                self._turn_scope = trio.CancelScope()
+                self._cancel_cause = None
+                continue
             self._turn_scope = None
+            # Load-bearing: an agent/status handler may send while the agent turns idle.
+            # That send admits a new turn synchronously (status back to running), and the
+            # loop's next pass runs it instead of waiting on the channel.
             self._set_status("idle")
 
     def _claim(self, turn: int, *, boundary: bool) -> tuple[InboxMessage, ...]:
         """Atomically take the next-step input, plus one queued prompt at a turn boundary."""
         batch: list[tuple[str, InboxMessage]] = []
+        _drain(self._step_rx)  # the projection is the truth for order, edits and removals
         if self._next_step:
             steps = tuple(self._next_step)
             self._splice("next-step", 0, len(steps), (), None)
@@ -807,6 +848,12 @@ class Agent:
             fields = FrozenDict(fields, renamed_tool_call_ids=tuple(renamed))
         append("assistant/message", fields, number)
         return _StepOutcome(reason, content, tool_calls)
+
+
+def _drain(channel: trio.MemoryReceiveChannel[InboxMessage]) -> None:
+    with contextlib.suppress(trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+        while True:
+            channel.receive_nowait()
 
 
 def _cancel_called(scope: trio.CancelScope) -> bool:

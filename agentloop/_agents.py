@@ -10,15 +10,17 @@ detach session, once, and every way of asking for it waits for the same boundary
 from __future__ import annotations
 
 import logging
+import math
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
+import attrs
 import trio
 
 from ._agent import CLOSE_GRACE, Agent, current_agent
 from ._errors import AgentDisposed as AgentDisposedError
-from ._errors import InvalidContent, PersistenceUnavailable, SessionIdInUse
+from ._errors import InvalidContent, PersistenceUnavailable, RuntimeClosed, SessionIdInUse
 from ._events import (
     AgentCreated,
     AgentDisposed,
@@ -106,44 +108,137 @@ class AgentHandle:
 
 
 async def dispose(agent: Agent) -> None:
-    """Start the agent's teardown if needed and wait for its quiescence boundary."""
-    rt = agent._rt
-    done = agent._teardown
-    if done is None:
-        done = agent._teardown = trio.Event()
+    """Begin the agent's disposal if needed and wait for its quiescence boundary."""
+    if not agent._teardown_requested:
+        agent._teardown_requested = True
         if agent._announced.is_set():
             agent._stop()  # the input barrier: from here on send() raises AgentDisposed
-        rt.system_nursery.start_soon(_teardown, agent, done)
-    await done.wait()
+        else:
+            # A dispose requested from inside a creation notification waits for it to unwind.
+            agent._rt.system_nursery.start_soon(_stop_once_announced, agent)
+    await agent._quiescent.wait()
 
 
-async def _teardown(agent: Agent, done: trio.Event) -> None:
-    rt = agent._rt
-    try:
-        # A dispose requested from inside a creation notification waits for it to unwind.
-        await agent._announced.wait()
-        agent._stop()
-        with trio.move_on_after(CLOSE_GRACE):
-            await agent._driver_done.wait()
-        if not agent._driver_done.is_set():
-            log.warning("agent %s ignored disposal for %ss; cancelling its scope",
-                        agent.id, CLOSE_GRACE)
-        agent._cancel_scope()
-        await agent._driver_done.wait()
-        with trio.move_on_after(CLOSE_GRACE, shield=True):
-            await agent._flush(agent.session.last_seq)
-            if agent.ctx is not None:
-                await agent.ctx.aclose()
-            await rt.release_persistence(agent)
-    finally:
-        agent._set_status("disposed")
-        if rt.agents.get(agent.id) is agent:
-            del rt.agents[agent.id]
-            rt.emit(AgentDisposed(agent.id))
-        if rt.sessions.get(agent.id) is agent.session:
-            del rt.sessions[agent.id]
-            rt.emit(SessionDisposed(agent.id))
-        done.set()
+async def _stop_once_announced(agent: Agent) -> None:
+    await agent._announced.wait()
+    agent._stop()
+
+
+class _Reply:
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.error: BaseException | None = None
+
+
+@attrs.frozen(slots=True, eq=False)
+class _Enter:
+    agent: Agent
+    handle: AgentHandle
+    owner: Context
+    reply: _Reply
+
+
+@attrs.frozen(slots=True, eq=False)
+class _Detach:
+    agent: Agent
+
+
+class Supervisor:
+    """The supervisor actor: the only writer of the agent and session registries.
+
+    It runs as the task ``agentloop.supervisor`` for the runtime's lifetime and owns the
+    nursery every agent actor runs in. Creators prepare privately and send an entry request;
+    an agent actor that reaches quiescence sends a detach request. Both are applied in the
+    order they arrive, each in one synchronous step, so same-id contenders are arbitrated by
+    arrival and a detach only ever removes the exact entry it names.
+    """
+
+    def __init__(self, rt: Runtime) -> None:
+        self._rt = rt
+        self._tx, self._rx = trio.open_memory_channel[_Enter | _Detach](math.inf)
+        self._actors: trio.Nursery | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as actors:
+            self._actors = actors
+            task_status.started()
+            async with self._rx:
+                async for request in self._rx:
+                    # Nothing a request does may take the supervisor down with it.
+                    try:
+                        if isinstance(request, _Enter):
+                            self._apply_enter(request)
+                        else:
+                            self._apply_detach(request.agent)
+                    except Exception:
+                        log.exception("supervisor: a %s request failed", type(request).__name__)
+
+    def close(self) -> None:
+        """No more requests (runtime exit, once every agent is quiescent)."""
+        self._tx.close()
+
+    async def enter(self, agent: Agent, handle: AgentHandle, owner: Context) -> None:
+        """Ask for publication and wait for the verdict (``SessionIdInUse`` for a loser)."""
+        reply = _Reply()
+        self._tx.send_nowait(_Enter(agent, handle, owner, reply))
+        # Shielded: the verdict is immediate, and a creator cancelled while the supervisor
+        # publishes must not be left not knowing it won.
+        with trio.CancelScope(shield=True):
+            await reply.done.wait()
+        if reply.error is not None:
+            raise reply.error
+
+    def enter_now(self, agent: Agent, handle: AgentHandle, owner: Context) -> None:
+        """Publication for ``agent_loop.create``, which is synchronous by contract and so
+        cannot wait for a message round trip; applied by the same code as a request."""
+        reply = _Reply()
+        self._apply_enter(_Enter(agent, handle, owner, reply))
+        if reply.error is not None:
+            raise reply.error
+
+    def detach(self, agent: Agent) -> None:
+        """Called by an agent actor as its last act."""
+        try:
+            self._tx.send_nowait(_Detach(agent))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            self._apply_detach(agent)  # the runtime is past its supervisor: detach in place
+
+    def _apply_enter(self, request: _Enter) -> None:
+        rt, agent = self._rt, request.agent
+        try:
+            if agent.id in rt.agents or agent.id in rt.sessions:
+                raise SessionIdInUse(f"session id {agent.id!r} is already in use by a live agent")
+            if self._actors is None:
+                raise RuntimeClosed("the runtime's supervisor is not running")
+            rt.agents[agent.id] = agent
+            rt.sessions[agent.id] = agent.session
+            agent._published = True
+            request.owner._own(request.handle)
+            try:
+                rt.emit(SessionCreated(agent.id, agent.session.meta, agent.resumed))
+                rt.emit(AgentCreated(agent.id))
+                rt.emit(AgentSessionStart(agent.id, agent.resumed))
+            finally:
+                agent._announced.set()
+                self._actors.start_soon(agent._actor, name=f"agentloop.agent:{agent.id}")
+        except BaseException as exc:  # noqa: BLE001 - handed to the creator, who re-raises
+            request.reply.error = exc
+        finally:
+            request.reply.done.set()
+
+    def _apply_detach(self, agent: Agent) -> None:
+        rt = self._rt
+        try:
+            if rt.agents.get(agent.id) is agent:
+                del rt.agents[agent.id]
+                rt.emit(AgentDisposed(agent.id))
+            if rt.sessions.get(agent.id) is agent.session:
+                del rt.sessions[agent.id]
+                rt.emit(SessionDisposed(agent.id))
+        finally:
+            agent._quiescent.set()
 
 
 class SessionsService:
@@ -302,7 +397,8 @@ async def _transaction(
                 for event in session.events:
                     backend.append(session_id, event)
             agent._attached = True
-            _enter(rt, agent)
+            handle = AgentHandle(agent, owner)
+            await rt.supervisor.enter(agent, handle, owner)
         except BaseException:
             with trio.move_on_after(CLOSE_GRACE, shield=True):
                 if scope is not None:
@@ -316,9 +412,6 @@ async def _transaction(
         token.published = True
         token.settled.set()
         agent._lease = token if backend is not None else None
-        handle = AgentHandle(agent, owner)
-        owner._own(handle)
-        _announce_and_start(rt, agent)
         return handle
 
 
@@ -357,25 +450,6 @@ def resumed_config(session: Session, options: AgentOptions | None) -> CallConfig
     return None
 
 
-def _enter(rt: Runtime, agent: Agent) -> None:
-    """Enter both registries in one synchronous step: the final arbiter of same-id races."""
-    if agent.id in rt.agents or agent.id in rt.sessions:
-        raise SessionIdInUse(f"session id {agent.id!r} is already in use by a live agent")
-    rt.agents[agent.id] = agent
-    rt.sessions[agent.id] = agent.session
-    agent._published = True
-
-
-def _announce_and_start(rt: Runtime, agent: Agent) -> None:
-    try:
-        rt.emit(SessionCreated(agent.id, agent.session.meta, agent.resumed))
-        rt.emit(AgentCreated(agent.id))
-        rt.emit(AgentSessionStart(agent.id, agent.resumed))
-    finally:
-        agent._announced.set()
-    agent._start_driver()
-
-
 class AgentLoopService:
     """``ctx.agent_loop``: synchronous creation of agents owned by the calling scope."""
 
@@ -404,17 +478,17 @@ class AgentLoopService:
         if rt.persistence is not None and id in rt.leases:
             scope.close_registrations()
             raise SessionIdInUse(f"session id {id!r} is already in use by a live agent")
-        try:
-            _enter(rt, agent)
-        except BaseException:
-            scope.close_registrations()
-            raise
         if rt.persistence is not None:
             claim = agent._lease = rt.leases[id] = LeaseClaim()
             claim.published = True
         agent._needs_lease = True
-        owner._own(AgentHandle(agent, owner))
-        _announce_and_start(rt, agent)
+        try:
+            rt.supervisor.enter_now(agent, AgentHandle(agent, owner), owner)
+        except BaseException:
+            scope.close_registrations()
+            if rt.leases.get(id) is agent._lease:
+                del rt.leases[id]
+            raise
         return agent
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ._agents import Supervisor, dispose
 from ._bus import Disposer, EventBus
 from ._config import Config, load_config
 from ._context import Context
@@ -67,14 +68,8 @@ class Runtime:
         self._inflight_done = trio.Event()
         self._inflight_done.set()
         self.system_nursery: trio.Nursery
-        self.agent_nursery: trio.Nursery
+        self.supervisor = Supervisor(self)
         self.root: Context
-
-    def dispose_soon(self, agent: Agent) -> None:
-        """Start an agent's teardown without waiting for it."""
-        from ._agents import dispose
-
-        self.system_nursery.start_soon(dispose, agent)
 
     def emit(self, event: Event) -> None:
         if self.bus.has_listeners(type(event)):
@@ -262,24 +257,23 @@ async def _supervised(
 ) -> AsyncIterator[Context]:
     async with open_shared_client(), trio.open_nursery() as system:
         rt.system_nursery = system
-        async with trio.open_nursery() as agents_nursery:
-            rt.agent_nursery = agents_nursery
-            root = rt.root = Context(rt, name="root")
-            loaded: list[tuple[Context, trio.CancelScope]] = []
-            try:
-                _register_providers(root, cfg)
-                for name, plugin in resolved:
-                    ctx = root.child(f"plugin:{name}")
-                    scope = trio.CancelScope()
-                    loaded.append((ctx, scope))
-                    await system.start(_run_plugin, rt, name, plugin, ctx, scope)
-                await _start_configured_agents(root, cfg)
-                yield root
-            finally:
-                with trio.CancelScope(shield=True):
-                    await _shutdown(rt, root, loaded)
-                agents_nursery.cancel_scope.cancel()
-        system.cancel_scope.cancel()
+        await system.start(rt.supervisor.run, name="agentloop.supervisor")
+        root = rt.root = Context(rt, name="root")
+        loaded: list[tuple[Context, trio.CancelScope]] = []
+        try:
+            _register_providers(root, cfg)
+            for name, plugin in resolved:
+                ctx = root.child(f"plugin:{name}")
+                scope = trio.CancelScope()
+                loaded.append((ctx, scope))
+                await system.start(_run_plugin, rt, name, plugin, ctx, scope,
+                                   name=f"agentloop.plugin:{name}")
+            await _start_configured_agents(root, cfg)
+            yield root
+        finally:
+            with trio.CancelScope(shield=True):
+                await _shutdown(rt, root, loaded)
+            system.cancel_scope.cancel()
 
 
 async def _shutdown(
@@ -287,8 +281,6 @@ async def _shutdown(
 ) -> None:
     rt._closing = True
     await rt._inflight_done.wait()
-    from ._agents import dispose
-
     async with trio.open_nursery() as nursery:
         for agent in list(rt.agents.values()):
             nursery.start_soon(dispose, agent)
@@ -296,6 +288,7 @@ async def _shutdown(
         scope.cancel()
         await ctx.aclose()
     await root.aclose()
+    rt.supervisor.close()
 
 
 def _register_providers(root: Context, cfg: Config) -> None:

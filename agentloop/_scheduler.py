@@ -216,7 +216,9 @@ class _Run:
         slot.started = True
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
-        nursery.start_soon(self._execute, slot)
+        # Every tool body runs in a task of its own under the agent's task, named for its
+        # call, so a task-tree walk (or a debugger) shows what each agent is running.
+        nursery.start_soon(self._execute, slot, name=f"agentloop.tool:{slot.call.id}")
 
     async def _wait_until(self, predicate: Any) -> None:
         while not predicate():
@@ -227,20 +229,13 @@ class _Run:
     async def run(self) -> None:
         failure: Exception | None = None
         try:
-            if len(self.slots) == 1:
-                # Nothing can overlap a lone call: skip the nursery and run it in place.
+            async with trio.open_nursery() as nursery:
                 try:
-                    await self._dispatch_all(None)
-                except Exception as exc:  # noqa: BLE001 - reported below
+                    await self._dispatch_all(nursery)
+                except Exception as exc:  # noqa: BLE001 - reported after the drain
+                    # An internal failure stops new dispatches; started calls finish.
                     failure = exc
-            else:
-                async with trio.open_nursery() as nursery:
-                    try:
-                        await self._dispatch_all(nursery)
-                    except Exception as exc:  # noqa: BLE001 - reported after the drain
-                        # An internal failure stops new dispatches; started calls finish.
-                        failure = exc
-                        await self._wait_until(lambda: self.in_flight == 0)
+                    await self._wait_until(lambda: self.in_flight == 0)
         except BaseException:
             self._abort_rest()
             raise
@@ -248,15 +243,12 @@ class _Run:
             self._abort_rest()
             raise failure
 
-    async def _run_inline(self, slot: _Slot) -> None:
-        slot.started = True
-        self.in_flight += 1
-        self.peak = max(self.peak, self.in_flight)
-        await self._execute(slot)
+    async def _run_alone(self, nursery: trio.Nursery, slot: _Slot) -> None:
+        self._start(nursery, slot)
+        await self._wait_until(lambda: self.in_flight == 0)
 
-    async def _dispatch_all(self, nursery: trio.Nursery | None) -> None:
+    async def _dispatch_all(self, nursery: trio.Nursery) -> None:
         bound: int | None = None
-        last = self.slots[-1]
         for slot in self.slots:
             await self._prelude(slot)
             if slot.result is None:
@@ -274,13 +266,9 @@ class _Run:
                     await self._wait_until(lambda: self.in_flight == 0)
                     await self._emit_ready()  # earlier results go out before the barrier
                     bound = None  # the next parallel call opens a new group
-                    # A barrier runs alone, so it runs on the driver task itself.
-                    await self._run_inline(slot)
+                    await self._run_alone(nursery, slot)
                 else:
-                    if nursery is None or (slot is last and self.in_flight == 0):
-                        await self._run_inline(slot)
-                    else:
-                        self._start(nursery, slot)
+                    self._start(nursery, slot)
             await self._emit_ready()
         await self._wait_until(lambda: self.next_emit == len(self.slots))
 

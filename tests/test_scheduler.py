@@ -241,10 +241,13 @@ async def test_exclusive_call_never_overlaps_anything(rt, model, autojump_clock)
     assert elapsed == 5
     # By the time the barrier starts, everything before it has been published.
     assert [c for c, t in published if t <= spans[3][0]] == ["c1", "c2"]
-    # The barrier runs on the driver task (where the prelude runs); parallel calls do not.
-    assert len(set(driver)) == 1
-    assert rec.tasks[3] is driver[0]
-    assert all(rec.tasks[i] is not driver[0] for i in (1, 2, 4, 5))
+    # Preludes run on the agent's task; every body, the barrier's too, in a task named for
+    # its call under it (contract section 7).
+    assert len(set(driver)) == 1 and driver[0].name == "agentloop.agent:s"
+    assert [rec.tasks[i].name for i in (1, 2, 3, 4, 5)] == [
+        f"agentloop.tool:c{i}" for i in (1, 2, 3, 4, 5)
+    ]
+    assert all(rec.tasks[i].parent_nursery.parent_task is driver[0] for i in (1, 2, 3, 4, 5))
     check_turn(agent, 5)
 
 
