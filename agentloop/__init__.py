@@ -41,6 +41,7 @@ from ._events import Deny as Deny
 from ._events import Reject as Reject
 from ._events import Retry as Retry
 from ._json import FrozenDict as FrozenDict
+from ._json import thaw as thaw
 from ._model import AgentOptions as AgentOptions
 from ._model import CallConfig as CallConfig
 from ._model import InboxMessage as InboxMessage
@@ -53,8 +54,10 @@ from ._model import ToolSpec as ToolSpec
 from ._persistence import SessionInfo as SessionInfo
 from ._persistence import SessionPersistence as SessionPersistence
 from ._persistence import StoredSession as StoredSession
+from ._plugin import Plugin as Plugin
 from ._runtime import open_runtime as open_runtime
 from ._session import Session as Session
+from ._session import validate_session_id as validate_session_id
 from ._tools import Tool as Tool
 from ._tools import truncate_content as truncate_content
 
@@ -106,4 +109,7 @@ __all__ = [
     "AgentNotPublished",
     "RuntimeClosed",
     "ToolDefinitionError",
+    "Plugin",
+    "thaw",
+    "validate_session_id",
 ]

@@ -2,15 +2,23 @@
 
 Every problem found while loading is reported in a single :class:`ConfigError` whose message
 lists each one as ``path: what is wrong, got VALUE`` (``agents[0].max_tokens: ...``).
+
+Secrets never reach a message: a value under a key whose name contains ``key``, ``token``,
+``secret``, ``passw``, ``credential`` or ``auth`` (ignoring case; a count such as
+``max_tokens`` is no secret) is shown as ``***``, wherever the message would echo it.
 """
 
 from __future__ import annotations
 
+import collections.abc
+import difflib
 import os
+import re
 import tomllib
-from collections.abc import Callable, Iterator, Mapping
+import types
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, overload
 
 import attrs
 import cattrs
@@ -27,6 +35,9 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, overrid
 
 from ._errors import ConfigError, InvalidContent
 from ._json import FrozenDict, freeze, thaw
+from ._session import validate_session_id
+
+T = TypeVar("T")
 
 __all__ = [
     "AgentConfig",
@@ -65,6 +76,16 @@ def _positive(value: object) -> str | None:
     return f"must be a positive integer, got {value!r}"
 
 
+def _id(value: object, what: str, *, optional: bool = False) -> str | None:
+    if optional and value is None:
+        return None
+    try:
+        validate_session_id(value, what)
+    except InvalidContent as exc:
+        return str(exc)
+    return None
+
+
 def _table(value: object) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise ConfigError(f"expected a table, got {value!r}")
@@ -83,7 +104,11 @@ def _frozen(value: object, path: str = "") -> FrozenDict:
 
 @attrs.frozen(kw_only=True)
 class AgentConfig:
-    """An agent started with the runtime (TOML ``[[agents]]``)."""
+    """An agent started with the runtime (TOML ``[[agents]]``).
+
+    ``id``, ``session_id`` and ``resume_session_id`` follow the session-id rule (see
+    :func:`agentloop.validate_session_id`).
+    """
 
     id: str
     provider: str | None = None
@@ -97,7 +122,9 @@ class AgentConfig:
     def __attrs_post_init__(self) -> None:
         both = self.session_id is not None and self.resume_session_id is not None
         _check(
-            ("id", _non_empty(self.id)),
+            ("id", _id(self.id, "agent id")),
+            ("session_id", _id(self.session_id, "session id", optional=True)),
+            ("resume_session_id", _id(self.resume_session_id, "session id", optional=True)),
             ("reasoning_effort", _non_empty(self.reasoning_effort, optional=True)),
             ("max_tokens", _positive(self.max_tokens)),
             ("", "session_id and resume_session_id are mutually exclusive" if both else None),
@@ -149,8 +176,13 @@ class PersistenceConfig:
 class Config:
     """A whole deployment: plugins, agents, providers, persistence, settings, plugin sections.
 
-    ``settings`` and ``sections`` are deep-frozen JSON; ``sections`` holds every top-level
-    table this model does not know (``[retry]``, ``[mcp]``, ...) for plugins to read.
+    ``settings`` and ``sections`` are deep-frozen JSON. A top-level key that is none of the
+    fields below names a plugin's section (``[retry]``, ``[mcp]``, ...): it is kept, raw, in
+    ``sections`` for the plugin to read with :meth:`section`, whichever plugins end up loaded
+    (a plugin may be passed in code rather than named in ``plugins``). Two kinds of unknown
+    key are refused instead, with the closest field name as a hint: one that is not a table
+    (a plugin's section always is), and a table whose name is within a typo of a field
+    (``difflib`` similarity of 0.8 or more: ``[persistance]``, ``[agent]``, ``[setings]``).
     """
 
     plugins: tuple[str, ...] = ()
@@ -171,15 +203,45 @@ class Config:
             first.setdefault(agent.id, i)
         _check(*problems)
 
-    def section(self, name: str) -> FrozenDict:
-        """The frozen top-level table ``name`` (empty when absent)."""
-        found: FrozenDict = self.sections.get(name, FrozenDict())
-        return found
+    @overload
+    def section(self, name: str) -> FrozenDict: ...
+
+    @overload
+    def section(self, name: str, cls: type[T]) -> T: ...
+
+    def section(self, name: str, cls: type[T] | None = None) -> T | FrozenDict:
+        """The top-level table ``name``: raw (frozen JSON), or structured as ``cls``.
+
+        ``cls`` is a frozen attrs class whose defaults make ``cls()`` valid: an absent table
+        gives ``cls()``. The table is structured by the converter that structures the rest of
+        the config: unknown keys are refused (with the closest field as a hint), each value
+        must have its field's type (a field with an attrs ``converter`` gets the raw value,
+        for the converter and the validators to judge), and a field marked
+        ``metadata={"config": False}`` (a callable, a random source) is left to code: a table
+        cannot set it. Validators name their field in the message (``"max_attempts: must be
+        ..."``), which the error places under the table (``retry.max_attempts: ...``).
+
+        Raises:
+            ConfigError: listing the problems found, each named by its path.
+        """
+        raw: FrozenDict | None = self.sections.get(name)
+        if cls is None:
+            return raw if raw is not None else FrozenDict()
+        if raw is None:
+            return cls()
+        try:
+            return converter.structure(raw, cls)
+        except (CattrsError, ValueError) as exc:
+            raise ConfigError(_report(exc, name, {name: raw})) from None
 
 
-_FIELDS = frozenset(a.name for a in attrs.fields(Config)) - {"sections"}
+_FIELDS = tuple(a.name for a in attrs.fields(Config) if a.name != "sections")
+# Plugin sections live at the top level beside the fields, so only a near miss is refused.
+_TYPO = 0.8
 
-converter = cattrs.Converter(forbid_extra_keys=True, omit_if_default=True)
+converter = cattrs.Converter(
+    forbid_extra_keys=True, omit_if_default=True, prefer_attrib_converters=True
+)
 """The one converter between plain mappings (TOML's shape) and the config classes."""
 
 
@@ -190,6 +252,13 @@ def _exact(tp: type, noun: str) -> Callable[[object, object], Any]:
         return value
 
     return hook
+
+
+def _structure_float(value: object, _: object) -> float:
+    # TOML writes 3 for 3.0, so an integer is a number too; a bool or "3" is a mistake.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"expected a number, got {value!r}")
+    return float(value)
 
 
 def _structure_literal(value: object, tp: object) -> object:
@@ -206,6 +275,22 @@ def _is_literal(tp: Any) -> bool:
 
 def _is_homogenous_tuple(tp: Any) -> bool:
     return get_origin(tp) is tuple and get_args(tp)[1:] == (...,)
+
+
+def _is_table_of(tp: Any) -> bool:
+    return get_origin(tp) is collections.abc.Mapping and get_args(tp)[:1] == (str,)
+
+
+def _is_array_or_table(tp: Any) -> bool:
+    """A union of one ``tuple[X, ...]`` and one ``Mapping[str, Y]``, told apart by shape."""
+    if get_origin(tp) not in (Union, types.UnionType):
+        return False
+    members = get_args(tp)
+    return (
+        len(members) == 2
+        and any(_is_homogenous_tuple(m) for m in members)
+        and any(_is_table_of(m) for m in members)
+    )
 
 
 def _tuple_hook(tp: Any, conv: BaseConverter) -> Callable[[object, object], tuple[Any, ...]]:
@@ -227,7 +312,32 @@ def _mapping_of(tp: Any) -> Callable[[object, object], FrozenDict]:
     return hook
 
 
-def _register(cl: type, **overrides: Any) -> None:
+def _table_hook(tp: Any) -> Callable[[object, object], FrozenDict]:
+    return _mapping_of(get_args(tp)[1])
+
+
+def _array_or_table_hook(tp: Any) -> Callable[[object, object], Any]:
+    array, table = sorted(get_args(tp), key=_is_table_of)
+
+    def hook(value: object, _: object) -> Any:
+        if isinstance(value, Mapping):
+            return converter.structure(value, table)
+        if isinstance(value, (list, tuple)):
+            return converter.structure(value, array)
+        raise ValueError(f"expected an array or a table, got {value!r}")
+
+    return hook
+
+
+def _config_fields(cl: type) -> list[str]:
+    return [a.name for a in attrs.fields(cl) if a.init and a.metadata.get("config", True)]
+
+
+def _attrs_hook(cl: type, **overrides: Any) -> Callable[[object, object], Any]:
+    settable = _config_fields(cl)
+    for a in attrs.fields(cl):
+        if a.name not in settable:
+            overrides.setdefault(a.name, override(omit=True))
     inner: Callable[[Mapping[str, Any], Any], Any] = make_dict_structure_fn(
         cl, converter, **overrides
     )
@@ -235,16 +345,21 @@ def _register(cl: type, **overrides: Any) -> None:
     def hook(value: object, _: object) -> Any:
         return inner(_table(value), cl)
 
-    converter.register_structure_hook(cl, hook)
+    return hook
 
 
 converter.register_structure_hook(str, _exact(str, "a string"))
 converter.register_structure_hook(int, _exact(int, "an integer"))
+converter.register_structure_hook(bool, _exact(bool, "true or false"))
+converter.register_structure_hook(float, _structure_float)
 converter.register_structure_hook_func(_is_literal, _structure_literal)
 converter.register_structure_hook_factory(_is_homogenous_tuple, _tuple_hook)
-_register(AgentConfig)
-_register(PersistenceConfig)
-_register(ProviderConfig, headers=override(struct_hook=_mapping_of(str)))
+converter.register_structure_hook_factory(_is_table_of, _table_hook)
+converter.register_structure_hook_factory(_is_array_or_table, _array_or_table_hook)
+converter.register_structure_hook_factory(attrs.has, lambda cl: _attrs_hook(cl))
+converter.register_structure_hook(
+    ProviderConfig, _attrs_hook(ProviderConfig, headers=override(struct_hook=_mapping_of(str)))
+)
 _structure_fields = make_dict_structure_fn(
     Config,
     converter,
@@ -254,21 +369,37 @@ _structure_fields = make_dict_structure_fn(
 )
 
 
+def _closest(name: str, known: Iterable[str], cutoff: float = 0.6) -> str | None:
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=cutoff)
+    return close[0] if close else None
+
+
+def _unknown_key(name: str, known: Sequence[str]) -> str:
+    close = _closest(name, known)
+    if close is not None:
+        return f"unknown key; did you mean {close!r}?"
+    names = ", ".join(sorted(known))
+    return f"unknown key (known: {names})" if names else "unknown key"
+
+
 def _structure_config(value: object, _: object) -> Config:
     known: dict[str, Any] = {}
     sections: dict[str, Any] = {}
     errors: list[Exception] = []
     for key, item in _table(value).items():
+        close = _closest(key, _FIELDS)
         if key in _FIELDS:
             known[key] = item
-        elif isinstance(item, Mapping):
+        elif not isinstance(item, Mapping):
+            hint = f"; did you mean {close!r}?" if close else " (a plugin's section is a table)"
+            errors.append(_ProblemsError([(key, "unknown top-level key" + hint)]))
+        elif _closest(key, _FIELDS, cutoff=_TYPO) is not None:
+            errors.append(_ProblemsError([(key, f"unknown section; did you mean {close!r}?")]))
+        else:
             try:
                 sections[key] = _frozen(item, key)
             except ConfigError as exc:
                 errors.append(exc)
-        else:
-            why = f"unknown top-level key (only tables may be added), got {item!r}"
-            errors.append(_ProblemsError([(key, why)]))
     try:
         config = _structure_fields({**known, "sections": FrozenDict(sections)}, Config)
     except (CattrsError, ValueError) as exc:
@@ -298,24 +429,70 @@ def _join(path: str, step: str | int) -> str:
     return f"{path}.{step}" if path and step else path or step
 
 
-def _problems(exc: BaseException, path: str) -> Iterator[str]:
+def _problems(exc: BaseException, path: str) -> Iterator[tuple[str, str]]:
+    """Each problem in ``exc`` as (path, what is wrong), the path relative to ``path``."""
     if isinstance(exc, _ProblemsError):
         for sub, msg in exc.problems:
-            yield f"{_join(path, sub) or 'config'}: {msg}"
+            yield _join(path, sub), msg
     elif isinstance(exc, ForbiddenExtraKeysError):
+        known = _config_fields(exc.cl) if attrs.has(exc.cl) else []
         for key in sorted(exc.extra_fields):
-            yield f"{path or 'config'}: unknown key {key!r}"
+            yield _join(path, key), _unknown_key(key, known)
     elif isinstance(exc, (ClassValidationError, IterableValidationError)):
         with_notes, without = exc.group_exceptions()
         for inner, note in with_notes:
             step = note.name if isinstance(note, AttributeValidationNote) else note.index
             yield from _problems(inner, _join(path, step))
         for inner in without:
-            yield from _problems(inner, path)
+            if isinstance(inner, ConfigError) and not isinstance(inner, _ProblemsError):
+                # The class's constructor refused: its validators name the field first
+                # ("max_attempts: must be ..."), relative to where the class sits.
+                sub, _, why = str(inner).partition(": ")
+                yield (_join(path, sub), why) if why else (path, sub)
+            else:
+                yield from _problems(inner, path)
     elif isinstance(exc, KeyError):
-        yield f"{path}: is required"
+        yield path, "is required"
     else:
-        yield f"{path or 'config'}: {exc}"
+        yield path, str(exc)
+
+
+_SECRET_NAME = re.compile(r"key|token|secret|passw|credential|auth", re.IGNORECASE)
+_COUNT_NAME = re.compile(r"(max|min|num|n|total)_(\w+_)?tokens", re.IGNORECASE)
+_STEP = re.compile(r"[.\[\]]")
+
+
+def _is_secret(name: str) -> bool:
+    return bool(_SECRET_NAME.search(name)) and not _COUNT_NAME.fullmatch(name)
+
+
+def _secret_values(value: object, secret: bool = False) -> Iterator[object]:
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _secret_values(item, secret or _is_secret(str(key)))
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _secret_values(item, secret)
+    elif secret:
+        yield value
+
+
+def _report(exc: BaseException, path: str, source: Mapping[str, Any]) -> str:
+    """The problems of ``exc`` as one message, with every secret of ``source`` masked."""
+    shown: set[str] = set()
+    for value in _secret_values(source):
+        shown.add(repr(value))
+        # Bare text is masked too, unless so short it would also match ordinary words.
+        if isinstance(value, str) and len(value) >= 4:
+            shown.add(value)
+    lines = []
+    for where, why in _problems(exc, path):
+        if any(_is_secret(step) for step in _STEP.split(where)):
+            why = re.sub(r", got .*", ", got ***", why, flags=re.DOTALL)
+        for text in sorted(shown, key=len, reverse=True):
+            why = why.replace(text, "***")
+        lines.append(f"{where or 'config'}: {why}")
+    return "; ".join(lines)
 
 
 def _read_toml(path: Path) -> Any:
@@ -348,7 +525,7 @@ def load_config(source: Config | str | os.PathLike[str] | Mapping[str, Any] | No
     try:
         return converter.structure(source, Config)
     except (CattrsError, ValueError) as exc:
-        raise ConfigError(f"invalid config{where}: " + "; ".join(_problems(exc, ""))) from None
+        raise ConfigError(f"invalid config{where}: {_report(exc, '', source)}") from None
 
 
 def to_mapping(config: Config) -> dict[str, Any]:

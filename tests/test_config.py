@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -130,22 +131,59 @@ def test_field_errors_are_all_reported_with_paths() -> None:
     assert "$" not in message
 
 
-def test_unknown_key() -> None:
-    assert "agents[0]: unknown key 'modle'" in _error({"agents": [{"id": "a", "modle": "m"}]})
+def test_unknown_key_names_its_path_and_the_closest_field() -> None:
+    message = _error({"agents": [{"id": "a", "modle": "m"}]})
+    assert "agents[0].modle: unknown key; did you mean 'model'?" in message
+    message = _error({"persistence": {"backend": "sqlite", "pth": "p", "path": "p"}})
+    assert "persistence.pth: unknown key; did you mean 'path'?" in message
+    message = _error({"providers": {"x": {"kind": "openai", "base_ulr": "u", "base_url": "u"}}})
+    assert "providers.x.base_ulr: unknown key; did you mean 'base_url'?" in message
+
+
+def test_unknown_key_without_a_close_field_lists_the_known_ones() -> None:
     message = _error({"persistence": {"backend": "sqlite", "path": "p", "extra": 1}})
-    assert "persistence: unknown key 'extra'" in message
+    assert "persistence.extra: unknown key (known: backend, path)" in message
 
 
 def test_unknown_top_level_scalar_is_an_error() -> None:
     message = _error({"plugins": [], "verbose": True})
-    assert "verbose: unknown top-level key" in message
-    assert "got True" in message
+    assert "verbose: unknown top-level key (a plugin's section is a table)" in message
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ({"persistance": {"backend": "sqlite", "path": "p"}},
+         "persistance: unknown section; did you mean 'persistence'?"),
+        ({"plugin": ["retry"]}, "plugin: unknown top-level key; did you mean 'plugins'?"),
+        ({"agent": {"id": "a"}}, "agent: unknown section; did you mean 'agents'?"),
+        ({"agnets": [{"id": "a"}]}, "agnets: unknown top-level key; did you mean 'agents'?"),
+        ({"setings": {"a": {"b": 1}}}, "setings: unknown section; did you mean 'settings'?"),
+        ({"system_promt": "terse"},
+         "system_promt: unknown top-level key; did you mean 'system_prompt'?"),
+    ],
+)
+def test_top_level_typos_are_refused_with_the_closest_name(source: Any, expected: str) -> None:
+    assert expected in _error(source)
+
+
+def test_plugin_sections_are_kept_whatever_plugins_are_named() -> None:
+    tables = {
+        "retry": {"max_attempts": 3},
+        "mcp": {"separator": "_"},
+        "local": {"n_ctx": 512},
+        "prompts": {"a": "b"},
+        "persist": {"x": 1},
+    }
+    config = load_config({"plugins": ["retry"], **tables})
+    assert config.sections == tables
+    assert to_mapping(config) == {"plugins": ["retry"], **tables}
 
 
 @pytest.mark.parametrize(
     ("agent", "expected"),
     [
-        ({"id": ""}, "agents[0].id: must be a non-empty string, got ''"),
+        ({"id": ""}, "agents[0].id: invalid agent id ''"),
         ({}, "agents[0].id: is required"),
         ({"id": "a", "max_tokens": -1}, "agents[0].max_tokens: must be a positive integer, got -1"),
         ({"id": "a", "max_tokens": True}, "agents[0].max_tokens: expected an integer, got True"),
@@ -249,3 +287,148 @@ def test_toml_validation_error_names_file(tmp_path: Path) -> None:
 
 def test_other_sources_are_rejected() -> None:
     assert "got 42" in _error(42)
+
+
+@pytest.mark.parametrize(
+    ("agent", "expected"),
+    [
+        ({"id": "has space"}, "agents[0].id: invalid agent id 'has space'"),
+        ({"id": ".hidden"}, "agents[0].id: invalid agent id '.hidden'"),
+        ({"id": "a" * 129}, "agents[0].id: invalid agent id"),
+        ({"id": "a", "session_id": "../x"}, "agents[0].session_id: invalid session id '../x'"),
+        (
+            {"id": "a", "resume_session_id": ""},
+            "agents[0].resume_session_id: invalid session id ''",
+        ),
+    ],
+)
+def test_bad_agent_and_session_ids_are_config_errors(agent: Any, expected: str) -> None:
+    message = _error({"agents": [agent]})
+    assert expected in message
+    assert "1 to 128 characters" in message
+
+
+def test_good_ids_pass_and_direct_construction_checks_them() -> None:
+    agent = AgentConfig(id="a.b:c-d_1", session_id="s-1")
+    assert agent.session_id == "s-1"
+    with pytest.raises(ConfigError, match="id: invalid agent id 'has space'"):
+        AgentConfig(id="has space")
+
+
+SECRET = "sk-SECRET-value-42"
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ({"api_key": SECRET}, "api_key: unknown top-level key"),
+        ({"providers": {"x": {"kind": "openai", "base_url": "u", "api_key": [SECRET]}}},
+         "providers.x.api_key: expected a string, got ***"),
+        ({"providers": {"x": {"kind": "openai", "base_url": "u", "api_key": 1234}}},
+         "providers.x.api_key: expected a string, got ***"),
+        ({"providers": {"api_key": SECRET}}, "providers.api_key: expected a table, got ***"),
+        ({"persistence": {"backend": "sqlite", "path": "p", "api_key": SECRET}},
+         "persistence.api_key: unknown key"),
+        ({"agents": [{"id": "a", "token": SECRET}]}, "agents[0].token: unknown key"),
+        ({"agents": {"id": "a", "password": SECRET}}, "agents: expected an array, got {"),
+        ({"providers": {"x": {"kind": "openai", "base_url": "u",
+                              "headers": {"Authorization": 7, "X-Api-Key": SECRET}}}},
+         "providers.x.headers.Authorization: expected a string, got ***"),
+        ({"settings": SECRET, "client_secret": SECRET},
+         "client_secret: unknown top-level key"),
+    ],
+)
+def test_config_errors_never_echo_a_secret(source: Any, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(source)
+    assert expected in str(info.value)
+    for text in (str(info.value), repr(info.value)):
+        assert SECRET not in text
+        assert "1234" not in text
+    assert info.value.__suppress_context__
+
+
+def test_a_token_count_is_no_secret() -> None:
+    assert "agents[0].max_tokens: must be a positive integer, got 0" in _error(
+        {"agents": [{"id": "a", "max_tokens": 0}]}
+    )
+
+
+# --- plugin sections structured by the converter -------------------------------------------
+
+
+def _positive_int(_: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if type(value) is not int or value <= 0:
+        raise ConfigError(f"{attribute.name}: must be a positive integer, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class _Server:
+    cmd: str
+    args: tuple[str, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class _Section:
+    max_attempts: int = attrs.field(default=5, validator=_positive_int)
+    delay: float = 1.0
+    jitter: bool = True
+    codes: tuple[int, ...] = ()
+    token: str = ""
+    servers: tuple[_Server, ...] | Mapping[str, _Server] = ()
+    on_error: Callable[[], None] = attrs.field(default=print, metadata={"config": False})
+
+
+def _section_error(table: Any) -> str:
+    config = load_config({"demo": table})
+    with pytest.raises(ConfigError) as info:
+        config.section("demo", _Section)
+    return str(info.value)
+
+
+def test_section_absent_gives_the_defaults() -> None:
+    assert Config().section("demo", _Section) == _Section()
+
+
+def test_section_is_structured_by_the_converter() -> None:
+    config = load_config(
+        {"demo": {"max_attempts": 3, "delay": 2, "jitter": False, "codes": [429],
+                  "servers": [{"cmd": "a", "args": ["-v"]}]}}
+    )
+    section = config.section("demo", _Section)
+    assert section == _Section(max_attempts=3, delay=2.0, jitter=False, codes=(429,),
+                               servers=(_Server(cmd="a", args=("-v",)),))
+    assert type(section.delay) is float
+    keyed = load_config({"demo": {"servers": {"b": {"cmd": "b"}}}}).section("demo", _Section)
+    assert keyed.servers == {"b": _Server(cmd="b")}
+
+
+@pytest.mark.parametrize(
+    ("table", "expected"),
+    [
+        ({"max_attempts": 0}, "demo.max_attempts: must be a positive integer, got 0"),
+        ({"max_attempts": 2.5}, "demo.max_attempts: expected an integer, got 2.5"),
+        ({"max_attemps": 3}, "demo.max_attemps: unknown key; did you mean 'max_attempts'?"),
+        ({"delay": "1"}, "demo.delay: expected a number, got '1'"),
+        ({"delay": True}, "demo.delay: expected a number, got True"),
+        ({"jitter": 1}, "demo.jitter: expected true or false, got 1"),
+        ({"codes": [1, "2"]}, "demo.codes[1]: expected an integer, got '2'"),
+        ({"on_error": "x"}, "demo.on_error: unknown key"),
+        ({"servers": [{"cmd": "a"}, {"args": []}]}, "demo.servers[1].cmd: is required"),
+        ({"servers": {"b": {"cmd": 3}}}, "demo.servers.b.cmd: expected a string, got 3"),
+        ({"servers": ["x"]}, "demo.servers[0]: expected a table, got 'x'"),
+        ({"servers": "x"}, "demo.servers: expected an array or a table, got 'x'"),
+        ({"token": 12345}, "demo.token: expected a string, got ***"),
+    ],
+)
+def test_section_errors_name_the_path(table: Any, expected: str) -> None:
+    message = _section_error(table)
+    assert expected in message
+    assert "12345" not in message
+
+
+def test_section_errors_list_every_problem() -> None:
+    message = _section_error({"max_attempts": 2.5, "jitter": "no", "extra": 1})
+    assert "demo.max_attempts: expected an integer" in message
+    assert "demo.jitter: expected true or false" in message
+    assert "demo.extra: unknown key" in message

@@ -16,6 +16,7 @@ EXPECTED = {
         "ProviderError", "SessionIdInUse", "SessionNotFound", "PersistenceUnavailable",
         "PersistenceError", "AgentDisposed", "AgentNotPublished", "RuntimeClosed",
         "ToolDefinitionError",
+        "Plugin", "thaw", "validate_session_id",
     },
     agentloop.testing: {
         "ScriptedModel", "FunctionModel", "Reply", "reply", "TextDelta", "ReasoningDelta",

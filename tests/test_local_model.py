@@ -142,7 +142,25 @@ async def test_a_missing_model_file_unloads_the_plugin_with_a_clear_error(
 
 
 def test_options_are_checked_when_the_plugin_is_built() -> None:
-    with pytest.raises(agentloop.ConfigError, match=r"local\.n_ctx"):
+    with pytest.raises(agentloop.ConfigError, match=r"^n_ctx: must be a positive integer, got 0"):
         local(n_ctx=0)
-    with pytest.raises(agentloop.ConfigError, match=r"local\.chat_template"):
+    with pytest.raises(agentloop.ConfigError, match=r"^chat_template: must be non-empty Jinja"):
         local(chat_template="")
+    assert local().__name__ == "local"
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({"n_ctx": 0}, "local.n_ctx: must be a positive integer, got 0"),
+        ({"threads": "2"}, "local.threads: expected an integer, got '2'"),
+        ({"model_path": ""}, "local.model_path: must be a non-empty path, got ''"),
+        ({"chat_template": ""}, "local.chat_template: must be non-empty Jinja text, got ''"),
+        ({"max_token": 3}, "local.max_token: unknown key; did you mean 'max_tokens'?"),
+    ],
+)
+async def test_an_invalid_table_fails_the_runtime_start(table: object, message: str) -> None:
+    with trio.fail_after(30), pytest.raises(agentloop.ConfigError) as info:
+        async with agentloop.open_runtime({"plugins": ["local"], "local": table}):
+            pass
+    assert message in str(info.value)

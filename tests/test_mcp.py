@@ -22,9 +22,10 @@ pytest.importorskip("mcp_server_git")
 import mcp.types as mt
 from agentloop_mcp import ServerConfig, ServerError, mcp
 from agentloop_mcp._client import render_result
-from agentloop_mcp._config import parse_section
+from agentloop_mcp._config import Section
 
 from agentloop import AgentOptions, ConfigError, Context, open_runtime
+from agentloop._config import load_config
 from agentloop.events import PluginFailed
 from agentloop.testing import ScriptedModel, reply
 
@@ -318,6 +319,11 @@ async def test_cancelling_while_servers_start_leaves_no_process() -> None:
 # --- configuration --------------------------------------------------------------------------
 
 
+def parse_section(table: dict[str, Any]) -> tuple[tuple[ServerConfig, ...], str]:
+    section = load_config({"mcp": table}).section("mcp", Section)
+    return section.server_configs(), section.separator
+
+
 def _config_error(section: dict[str, Any]) -> str:
     with pytest.raises(ConfigError) as info:
         parse_section(section)
@@ -327,6 +333,7 @@ def _config_error(section: dict[str, Any]) -> str:
 def test_config_forms_and_defaults() -> None:
     servers, separator = parse_section({})
     assert servers == () and separator == "."
+    assert load_config(None).section("mcp", Section) == Section()
     array = {"servers": ({"name": "git", "command": "mcp-server-git", "args": ("-v",),
                           "env": {"A": "1"}, "cwd": "/tmp", "tool_timeout": 5},)}
     (git,), _ = parse_section(array)
@@ -347,8 +354,8 @@ def test_config_forms_and_defaults() -> None:
          "mcp.servers[0].args: must be a list of strings, got ('ok', 3)"),
         ({"servers": [{"name": "a b", "command": "x"}]},
          "mcp.servers[0].name: must be letters, digits, '_' or '-', got 'a b'"),
-        ({"servers": [{"command": "x"}]}, "mcp.servers[0].name: required"),
-        ({"servers": [{"name": "a"}]}, "mcp.servers[0].command: required"),
+        ({"servers": [{"command": "x"}]}, "mcp.servers[0].name: is required"),
+        ({"servers": [{"name": "a"}]}, "mcp.servers[0].command: is required"),
         ({"servers": [{"name": "a", "command": ""}]},
          "mcp.servers[0].command: must be a non-empty string, got ''"),
         ({"servers": [{"name": "a", "command": "x", "env": {"K": 1}}]},
@@ -356,23 +363,39 @@ def test_config_forms_and_defaults() -> None:
         ({"servers": [{"name": "a", "command": "x", "startup_timeout": 0}]},
          "mcp.servers[0].startup_timeout: must be a positive number, got 0"),
         ({"servers": [{"name": "a", "command": "x", "tool_timeout": True}]},
-         "mcp.servers[0].tool_timeout: must be a positive number, got True"),
+         "mcp.servers[0].tool_timeout: expected a number, got True"),
+        ({"servers": [{"name": "a", "command": "x", "tool_timeout": -1}]},
+         "mcp.servers[0].tool_timeout: must be a positive number, got -1"),
         ({"servers": [{"name": "a", "command": "x", "comand": "y"}]},
-         "mcp.servers[0].comand: unknown field"),
+         "mcp.servers[0].comand: unknown key; did you mean 'command'?"),
         ({"servers": [{"name": "a", "command": "x"}, {"name": "a", "command": "y"}]},
          "mcp.servers[1].name: duplicate server name 'a'"),
         ({"servers": {"fs": {"name": "other", "command": "x"}}},
          "mcp.servers.fs.name: differs from the table's key 'fs', got 'other'"),
         ({"servers": {"fs": {"command": 3}}},
-         "mcp.servers.fs.command: must be a non-empty string, got 3"),
-        ({"servers": ["x"]}, "mcp.servers[0]: must be a table, got 'x'"),
-        ({"servers": "x"}, "mcp.servers: must be an array of tables"),
+         "mcp.servers.fs.command: expected a string, got 3"),
+        ({"servers": {"fs": {"command": ""}}},
+         "mcp.servers.fs.command: must be a non-empty string, got ''"),
+        ({"servers": {"a b": {"command": "x"}}},
+         "mcp.servers.a b: its key is its name, which must be letters, digits, '_' or '-'"),
+        ({"servers": ["x"]}, "mcp.servers[0]: expected a table, got 'x'"),
+        ({"servers": "x"}, "mcp.servers: expected an array or a table, got 'x'"),
         ({"separator": ""}, "mcp.separator: must be a non-empty string, got ''"),
-        ({"server": []}, "mcp.server: unknown option"),
+        ({"server": []}, "mcp.server: unknown key; did you mean 'servers'?"),
     ],
 )
 def test_config_errors_name_the_path_and_value(section: dict[str, Any], message: str) -> None:
     assert message in _config_error(section)
+
+
+def test_config_errors_mask_secrets() -> None:
+    message = _config_error(
+        {"servers": [{"name": "a", "command": "x", "env": {"API_TOKEN": 12345, "B": "2"}}]}
+    )
+    assert "mcp.servers[0].env: must be a table of strings, got FrozenDict({'API_TOKEN': ***" in (
+        message
+    )
+    assert "12345" not in message
 
 
 def test_programmatic_config_errors() -> None:

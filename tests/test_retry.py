@@ -411,23 +411,26 @@ async def test_an_invalid_table_fails_the_runtime_start(autojump_clock: MockCloc
         ({"base_delay": 5.0, "max_delay": 2.0}, "retry.max_delay", "2.0"),
         ({"jitter": "yes"}, "retry.jitter", "'yes'"),
         ({"jitter": 1}, "retry.jitter", "1"),
-        ({"max_attempt": 3}, "retry.max_attempt", "unknown"),
+        ({"max_attempt": 3}, "retry.max_attempt", "did you mean 'max_attempts'?"),
+        ({"rng": 3}, "retry.rng", "unknown key"),
+        ({"retryable": "always"}, "retry.retryable", "unknown key"),
     ],
 )
 def test_invalid_settings_name_the_key_and_the_value(
     fields: dict[str, Any], key: str, shown: str
 ) -> None:
+    config = agentloop.Config(sections=agentloop.FrozenDict(retry=fields))
     with pytest.raises(ConfigError) as info:
-        agentloop_retry.RetryPolicy.from_config(agentloop.FrozenDict(fields))
+        config.section("retry", agentloop_retry.RetryPolicy)
     message = str(info.value)
     assert f"{key}: " in message
     assert shown in message
 
 
 def test_retry_validates_its_arguments_at_once() -> None:
-    with pytest.raises(ConfigError, match=r"retry\.max_attempts: .*got -2"):
+    with pytest.raises(ConfigError, match=r"^max_attempts: .*got -2"):
         agentloop_retry.retry(max_attempts=-2)
-    with pytest.raises(ConfigError, match=r"retry\.base_delay: .*got 0"):
+    with pytest.raises(ConfigError, match=r"^base_delay: .*got 0"):
         agentloop_retry.RetryPolicy(base_delay=0)
 
 

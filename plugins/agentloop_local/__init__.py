@@ -23,7 +23,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, BinaryIO, Final, NoReturn
 
@@ -31,7 +31,7 @@ import attrs
 import httpx
 import trio
 
-from agentloop import AgentLoopError, ConfigError, Context
+from agentloop import AgentLoopError, ConfigError, Context, Plugin
 from agentloop.llm import AdapterDefaults, OpenAIChatAdapter
 
 __all__ = [
@@ -62,8 +62,6 @@ _HTTP_TIMEOUT = httpx.Timeout(connect=10.0, read=300.0, write=30.0, pool=30.0)
 # llama.cpp's server may close a kept-alive connection just as the next request goes out
 # ("Server disconnected without sending a response"); a loopback connect costs microseconds.
 _HTTP_LIMITS = httpx.Limits(max_keepalive_connections=0)
-
-PluginFn = Callable[..., Coroutine[Any, Any, None]]
 
 
 class LocalModelError(AgentLoopError):
@@ -136,56 +134,55 @@ async def ensure_model(model_path: str | os.PathLike[str] | None = None) -> Path
     return await trio.to_thread.run_sync(_ensure_model_sync, model_path)
 
 
+def _to_path(value: str | os.PathLike[str] | None) -> str | None:
+    # A wrong type passes through, for the validator to name it.
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+def _path(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and not (isinstance(value, str) and value):
+        raise ConfigError(f"{attribute.name}: must be a non-empty path, got {value!r}")
+
+
+def _positive(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if type(value) is not int or value <= 0:
+        raise ConfigError(f"{attribute.name}: must be a positive integer, got {value!r}")
+
+
+def _positive_or_none(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None:
+        _positive(instance, attribute, value)
+
+
+def _template(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not (isinstance(value, str) and value):
+        raise ConfigError(f"{attribute.name}: must be non-empty Jinja text, got {value!r}")
+
+
 @attrs.frozen(kw_only=True)
 class _Options:
-    model_path: str | None
-    n_ctx: int
-    threads: int
-    chat_template: str | None
-    max_tokens: int | None
+    """What :func:`local` takes, and the shape of the ``[local]`` table."""
 
-
-def _positive(name: str, value: object) -> None:
-    if type(value) is not int or value <= 0:
-        raise ConfigError(f"local.{name}: must be a positive integer, got {value!r}")
-
-
-def _options(
-    model_path: str | os.PathLike[str] | None,
-    n_ctx: int,
-    threads: int,
-    chat_template: str | None,
-    max_tokens: int | None,
-) -> _Options:
-    if model_path is not None and not (
-        isinstance(model_path, os.PathLike) or (isinstance(model_path, str) and model_path)
-    ):
-        raise ConfigError(f"local.model_path: must be a non-empty path, got {model_path!r}")
-    _positive("n_ctx", n_ctx)
-    _positive("threads", threads)
-    if max_tokens is not None:
-        _positive("max_tokens", max_tokens)
-    if chat_template is not None and (not isinstance(chat_template, str) or not chat_template):
-        raise ConfigError(
-            f"local.chat_template: must be non-empty Jinja text, got {chat_template!r}"
-        )
-    return _Options(
-        model_path=os.fspath(model_path) if model_path is not None else None,
-        n_ctx=n_ctx,
-        threads=threads,
-        chat_template=chat_template,
-        max_tokens=max_tokens,
+    model_path: str | None = attrs.field(default=None, converter=_to_path, validator=_path)
+    n_ctx: int = attrs.field(default=2048, validator=_positive)
+    threads: int = attrs.field(default=2, validator=_positive)
+    chat_template: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_template)
     )
+    max_tokens: int | None = attrs.field(default=DEFAULT_MAX_TOKENS, validator=_positive_or_none)
+
+
+_DEFAULTS: Final = _Options()
 
 
 def local(
-    model_path: str | os.PathLike[str] | None = None,
+    model_path: str | os.PathLike[str] | None = _DEFAULTS.model_path,
     *,
-    n_ctx: int = 2048,
-    threads: int = 2,
-    chat_template: str | None = None,
-    max_tokens: int | None = DEFAULT_MAX_TOKENS,
-) -> PluginFn:
+    n_ctx: int = _DEFAULTS.n_ctx,
+    threads: int = _DEFAULTS.threads,
+    chat_template: str | None = _DEFAULTS.chat_template,
+    max_tokens: int | None = _DEFAULTS.max_tokens,
+) -> Plugin:
     """A plugin serving a GGUF model as provider ``local``.
 
     Args:
@@ -198,55 +195,40 @@ def local(
             stops on its own); ``None`` leaves it to the server.
 
     Raises:
-        ConfigError: an option has the wrong type or range.
+        ConfigError: an option has the wrong type or range (named by the option).
     """
-    options = _options(model_path, n_ctx, threads, chat_template, max_tokens)
-
-    async def serve(
-        ctx: Context, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        async with _model_server(options) as server:
-            server.provide(ctx)
-            task_status.started()
-            await server.watch()
-
-    # How the runtime names it in logs and plugin/failed events.
-    serve.__name__ = serve.__qualname__ = "local"
-    return serve
-
-
-_SECTION_KEYS = frozenset({"model_path", "n_ctx", "threads", "chat_template", "max_tokens"})
-
-
-def _section_options(section: Mapping[str, Any]) -> _Options:
-    unknown = sorted(set(section) - _SECTION_KEYS)
-    if unknown:
-        known = ", ".join(sorted(_SECTION_KEYS))
-        raise ConfigError(f"local: unknown key {unknown[0]!r} (known: {known})")
-    return _options(
-        section.get("model_path"),
-        section.get("n_ctx", 2048),
-        section.get("threads", 2),
-        section.get("chat_template"),
-        section.get("max_tokens", DEFAULT_MAX_TOKENS),
+    options = _Options(
+        model_path=model_path,
+        n_ctx=n_ctx,
+        threads=threads,
+        chat_template=chat_template,
+        max_tokens=max_tokens,
     )
 
+    # Named like the configured form: the runtime reports a plugin by its __name__.
+    async def local(
+        ctx: Context, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        await _serve(ctx, options, task_status)
 
-async def serve(
+    return local
+
+
+async def plugin(
     ctx: Context, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
 ) -> None:
     """The configured form (``plugins = ["local"]``): options come from the ``[local]`` table.
 
     Serves until the runtime unloads it; raises :class:`LocalModelError` if the server dies.
     """
-    async with _model_server(_section_options(ctx.config.section("local"))) as server:
+    await _serve(ctx, ctx.config.section("local", _Options), task_status)
+
+
+async def _serve(ctx: Context, options: _Options, task_status: trio.TaskStatus[None]) -> NoReturn:
+    async with _model_server(options) as server:
         server.provide(ctx)
         task_status.started()
         await server.watch()
-
-
-plugin = serve
-"""The plugin entry point the runtime loads for ``plugins = ["local"]``."""
 
 
 # --- the child process ------------------------------------------------------------------------

@@ -1,7 +1,10 @@
 """Child-process entry point: serve a GGUF model over llama.cpp's HTTP server until stopped.
 
-``python -m agentloop_local._server --model PATH --port N [--ctx N] [--threads N]
+``python -m agentloop_local._server --model PATH --port N --ctx N --threads N
 [--chat-template-file F] [--alias NAME] [--exit-on-stdin-eof]``
+
+The context size and thread count have no defaults here: the plugin always passes its own
+(see ``agentloop_local.local``), so they are decided in one place.
 
 ``xllamacpp.Server`` serves from threads inside the calling process, so it runs in a process
 of its own that the plugin can stop. The process exits on SIGTERM or SIGINT, and with
@@ -39,8 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", required=True, help="path of the .gguf file")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--ctx", type=int, default=2048, help="context window in tokens")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--ctx", type=int, required=True, help="context window in tokens")
+    parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--chat-template-file", help="Jinja chat template (default: packaged)")
     parser.add_argument("--alias", default=None, help="the model name the server reports")
     parser.add_argument("--exit-on-stdin-eof", action="store_true")

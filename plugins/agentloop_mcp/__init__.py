@@ -54,42 +54,30 @@ keep server and tool names short enough for the 64-character limit.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import trio
 
-from agentloop import ConfigError, Context
+from agentloop import Context, Plugin
 
 from ._client import ServerError, start_servers
-from ._config import ServerConfig, check_separator, check_servers, parse_section
+from ._config import DEFAULT_SEPARATOR, Section, ServerConfig
 
 __all__ = ["ServerConfig", "ServerError", "mcp", "plugin"]
 
 
-def mcp(
-    servers: Sequence[ServerConfig], *, separator: str = "."
-) -> Callable[..., Coroutine[Any, Any, None]]:
+def mcp(servers: Sequence[ServerConfig], *, separator: str = DEFAULT_SEPARATOR) -> Plugin:
     """A plugin that runs ``servers`` and registers their tools as ``server{separator}tool``.
 
     Raises :class:`agentloop.ConfigError` at once for an entry that is not a
     :class:`ServerConfig`, for two servers with one name, or for an empty separator.
     """
-    servers = tuple(servers)
-    for i, server in enumerate(servers):
-        if not isinstance(server, ServerConfig):
-            raise ConfigError(
-                f"servers[{i}]: must be an agentloop_mcp.ServerConfig, got {server!r}"
-            )
-    check_servers(servers, [f"servers[{i}]" for i in range(len(servers))])
-    check_separator(separator, "separator")
+    section = Section(servers=tuple(servers), separator=separator)
 
     async def mcp_servers(
         ctx: Context, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        async with trio.open_nursery() as nursery:
-            await start_servers(nursery, ctx, servers, separator)
-            task_status.started()
+        await _serve(ctx, section, task_status)
 
     return mcp_servers
 
@@ -98,7 +86,10 @@ async def plugin(
     ctx: Context, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
 ) -> None:
     """The configured form: runs the servers of the ``[mcp]`` table (see the module doc)."""
-    servers, separator = parse_section(ctx.config.section("mcp"))
+    await _serve(ctx, ctx.config.section("mcp", Section), task_status)
+
+
+async def _serve(ctx: Context, section: Section, task_status: trio.TaskStatus[None]) -> None:
     async with trio.open_nursery() as nursery:
-        await start_servers(nursery, ctx, servers, separator)
+        await start_servers(nursery, ctx, section.server_configs(), section.separator)
         task_status.started()

@@ -17,8 +17,7 @@ import trio
 from mcp import Client, MCPError, StdioServerParameters, stdio_client
 
 import agentloop
-from agentloop import Context, Disposer, Tool, ToolResult
-from agentloop._json import thaw
+from agentloop import Context, Disposer, Tool, ToolResult, thaw
 from agentloop.events import PluginFailed
 
 from ._config import ServerConfig

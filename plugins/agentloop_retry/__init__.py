@@ -25,13 +25,13 @@ A provider's ``Retry-After`` is honoured as a lower bound on the wait (see
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any, Final
 
 import attrs
 import trio
 
-from agentloop import Context, ProviderError, Retry
+from agentloop import Context, Plugin, ProviderError, Retry
 from agentloop.events import AgentRequestError, LlmRetry
 
 from ._policy import RetryPolicy, is_retryable
@@ -41,8 +41,6 @@ __all__ = ["RetryPolicy", "is_retryable", "install", "plugin", "retry", "HANDLER
 HANDLER_PRIORITY: Final = -100
 """Priority of the ``agent/request-error`` handler: below the default, so that a handler of
 your own that decides (returns a value) is asked first, and retrying is the fallback."""
-
-RetryPlugin = Callable[..., Coroutine[Any, Any, None]]
 
 
 def install(ctx: Context, policy: RetryPolicy) -> None:
@@ -70,12 +68,12 @@ def retry(
     jitter: bool | None = None,
     retryable: Callable[[ProviderError], bool] | None = None,
     rng: random.Random | None = None,
-) -> RetryPlugin:
+) -> Plugin:
     """A plugin retrying with ``policy`` (default :class:`RetryPolicy`), fields overridden by
     the keyword arguments given; for ``open_runtime(plugins=[...])``.
 
     Raises:
-        ConfigError: an invalid value, named ``retry.<field>``, raised here rather than at load.
+        ConfigError: an invalid value, named by its field, raised here rather than at load.
     """
     overrides: dict[str, Any] = {
         name: value
@@ -91,16 +89,16 @@ def retry(
     }
     chosen = attrs.evolve(policy if policy is not None else RetryPolicy(), **overrides)
 
-    async def retry_plugin(
+    # Named like the configured form: the runtime reports a plugin by its __name__.
+    async def retry(
         ctx: Context, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         await trio.lowlevel.checkpoint()
         install(ctx, chosen)
         task_status.started()
 
-    retry_plugin.__name__ = "retry"
-    retry_plugin.__doc__ = f"Retry failed model calls with {chosen!r}."
-    return retry_plugin
+    retry.__doc__ = f"Retry failed model calls with {chosen!r}."
+    return retry
 
 
 async def plugin(
@@ -109,10 +107,10 @@ async def plugin(
     """The configured form (``plugins = ["retry"]``): reads the ``[retry]`` table.
 
     Raises:
-        ConfigError: the table has an unknown key or an invalid value (named ``retry.<key>``);
-            the runtime then unloads this plugin and reports ``plugin/failed``.
+        ConfigError: the table has an unknown key or an invalid value (named ``retry.<key>``),
+            which fails ``open_runtime``.
     """
     await trio.lowlevel.checkpoint()
-    policy = RetryPolicy.from_config(ctx.config.section("retry"))
+    policy = ctx.config.section("retry", RetryPolicy)
     install(ctx, policy)
     task_status.started()

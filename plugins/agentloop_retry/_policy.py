@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 import attrs
 
@@ -43,8 +42,6 @@ _PERMANENT_CODES = frozenset(
 
 _RETRYABLE_4XX = frozenset({408, 409, 429})
 
-_KEYS = ("max_attempts", "base_delay", "max_delay", "jitter")
-
 
 def is_retryable(error: ProviderError) -> bool:
     """Whether ``error`` is a transient failure worth making the same call again for.
@@ -67,32 +64,44 @@ def is_retryable(error: ProviderError) -> bool:
     return error.code in _TRANSIENT_CODES
 
 
-def _problem_count(value: object) -> str | None:
-    if type(value) is int and value >= 0:
-        return None
-    return f"must be an integer >= 0 (0 retries without limit), got {value!r}"
+def _count(_: object, attribute: attrs.Attribute[int], value: object) -> None:
+    if type(value) is not int or value < 0:
+        raise ConfigError(
+            f"{attribute.name}: must be an integer >= 0 (0 retries without limit), got {value!r}"
+        )
 
 
-def _problem_seconds(value: object) -> str | None:
+def _seconds(_: object, attribute: attrs.Attribute[float], value: object) -> None:
     if (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not (math.isfinite(value) and value > 0)
     ):
-        return None
-    return f"must be a positive, finite number of seconds, got {value!r}"
+        raise ConfigError(
+            f"{attribute.name}: must be a positive, finite number of seconds, got {value!r}"
+        )
 
 
-def _problem_flag(value: object) -> str | None:
-    if isinstance(value, bool):
-        return None
-    return f"must be true or false, got {value!r}"
+def _ceiling(policy: RetryPolicy, attribute: attrs.Attribute[float], value: float) -> None:
+    _seconds(policy, attribute, value)
+    if value < policy.base_delay:
+        raise ConfigError(
+            f"{attribute.name}: must be >= base_delay ({policy.base_delay!r}), got {value!r}"
+        )
+
+
+def _flag(_: object, attribute: attrs.Attribute[bool], value: object) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{attribute.name}: must be true or false, got {value!r}")
+
+
+# Set in code only: a ``[retry]`` table cannot name a function or a random source.
+_CODE_ONLY = {"config": False}
 
 
 @attrs.frozen(slots=True)
 class RetryPolicy:
-    """How the retry plugin reacts to a failed model call.
+    """How the retry plugin reacts to a failed model call; also the ``[retry]`` table's shape.
 
     Attributes:
         max_attempts: calls made in total for one request (the first one included); ``0``
@@ -105,49 +114,20 @@ class RetryPolicy:
         retryable: decides which failures are retried (default :func:`is_retryable`).
         rng: the random source of the jitter (inject a seeded one for reproducible delays).
 
-    Invalid values raise :class:`agentloop.ConfigError` naming ``retry.<field>`` and the value.
+    An invalid value raises :class:`agentloop.ConfigError` naming the field and the value
+    (``max_attempts: ...``; read from the config, ``retry.max_attempts: ...``).
     """
 
-    max_attempts: int = 5
-    base_delay: float = 1.0
-    max_delay: float = 60.0
-    jitter: bool = True
-    retryable: Callable[[ProviderError], bool] = attrs.field(default=is_retryable, repr=False)
-    rng: random.Random = attrs.field(factory=random.Random, eq=False, repr=False)
-
-    def __attrs_post_init__(self) -> None:
-        problems = [
-            ("max_attempts", _problem_count(self.max_attempts)),
-            ("base_delay", _problem_seconds(self.base_delay)),
-            ("max_delay", _problem_seconds(self.max_delay)),
-            ("jitter", _problem_flag(self.jitter)),
-        ]
-        found = [(key, why) for key, why in problems if why is not None]
-        if not found and self.max_delay < self.base_delay:
-            found.append(
-                (
-                    "max_delay",
-                    f"must be >= retry.base_delay ({self.base_delay!r}), got {self.max_delay!r}",
-                )
-            )
-        if found:
-            raise ConfigError("; ".join(f"retry.{key}: {why}" for key, why in found))
-
-    @classmethod
-    def from_config(cls, section: Mapping[str, object]) -> RetryPolicy:
-        """The policy a ``[retry]`` config table describes (absent keys keep their defaults).
-
-        Raises:
-            ConfigError: an unknown key or an invalid value, named ``retry.<key>``.
-        """
-        unknown = sorted(str(key) for key in section if key not in _KEYS)
-        if unknown:
-            allowed = ", ".join(_KEYS)
-            raise ConfigError(
-                "; ".join(f"retry.{key}: unknown setting (allowed: {allowed})" for key in unknown)
-            )
-        values: dict[str, Any] = dict(section)
-        return cls(**values)
+    max_attempts: int = attrs.field(default=5, validator=_count)
+    base_delay: float = attrs.field(default=1.0, validator=_seconds)
+    max_delay: float = attrs.field(default=60.0, validator=_ceiling)
+    jitter: bool = attrs.field(default=True, validator=_flag)
+    retryable: Callable[[ProviderError], bool] = attrs.field(
+        default=is_retryable, repr=False, metadata=_CODE_ONLY
+    )
+    rng: random.Random = attrs.field(
+        factory=random.Random, eq=False, repr=False, metadata=_CODE_ONLY
+    )
 
     def allows(self, attempt: int) -> bool:
         """Whether another call may follow the failed call number ``attempt`` (1-based)."""
