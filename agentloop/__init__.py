@@ -10,6 +10,21 @@ Embed it in any trio program::
         async with handle:
             handle.agent.followup("hi")
             await handle.agent.wait_idle()
+
+Layering (``tests/test_layering.py`` enforces it; a module imports its own layer or lower)::
+
+    app         _cli, __main__           the command line, on the public API only
+    public      this module, events, testing, _catalog
+    runtime     _runtime                 open_runtime, plugin actors, shutdown order
+    plugin      _plugin                  the Plugin protocol
+    context     _context                 Context and the ctx.* facades
+    supervisor  _agents                  the supervisor actor, creation, handles
+    driver      _agent                   the agent actor: inbox, run controls, turns
+    parts       _scheduler               one step's tool calls
+    services    _session _llm _tools _settings _persistence _config
+    bus         _bus _schema
+    values      _events _model _json _errors _http _util
+    llm/        the adapters, over values only; plugins/ use the public modules only
 """
 
 from ._agent import Agent as Agent
@@ -21,6 +36,7 @@ from ._config import AgentConfig as AgentConfig
 from ._config import Config as Config
 from ._config import PersistenceConfig as PersistenceConfig
 from ._config import ProviderConfig as ProviderConfig
+from ._config import load_config as load_config
 from ._context import Context as Context
 from ._errors import AgentDisposed as AgentDisposed
 from ._errors import AgentLoopError as AgentLoopError
@@ -51,6 +67,7 @@ from ._model import SessionEvent as SessionEvent
 from ._model import ToolCall as ToolCall
 from ._model import ToolResult as ToolResult
 from ._model import ToolSpec as ToolSpec
+from ._model import content_text as content_text
 from ._persistence import SessionInfo as SessionInfo
 from ._persistence import SessionPersistence as SessionPersistence
 from ._persistence import StoredSession as StoredSession
@@ -60,8 +77,11 @@ from ._session import Session as Session
 from ._session import validate_session_id as validate_session_id
 from ._tools import Tool as Tool
 from ._tools import truncate_content as truncate_content
+from ._util import fixup_module_metadata as _fixup_module_metadata
 
 __version__ = "0.1.0"
+
+_fixup_module_metadata(__name__, globals())
 
 __all__ = [
     "open_runtime",
@@ -112,4 +132,6 @@ __all__ = [
     "Plugin",
     "thaw",
     "validate_session_id",
+    "load_config",
+    "content_text",
 ]

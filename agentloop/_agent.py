@@ -16,7 +16,7 @@ import logging
 import math
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, final
 
 import attrs
 import trio
@@ -54,6 +54,7 @@ from ._model import (
     ToolSpec,
 )
 from ._scheduler import close_unanswered, run_tool_calls
+from ._util import NoPublicConstructor
 from ._session import Session, data
 
 if TYPE_CHECKING:
@@ -161,7 +162,8 @@ class _StepOutcome:
     tool_calls: tuple[ToolCall, ...]
 
 
-class Agent:
+@final
+class Agent(metaclass=NoPublicConstructor):
     """A live agent. Obtain one from ``ctx.agents.create`` / ``ctx.agent_loop.create``.
 
     ``id`` equals its session's id. Everything it does is recorded in ``session.events`` and

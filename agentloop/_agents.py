@@ -13,7 +13,7 @@ import logging
 import math
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, final
 
 import attrs
 import trio
@@ -31,6 +31,7 @@ from ._events import (
 from ._json import FrozenDict, freeze
 from ._model import AgentOptions, CallConfig, SessionEvent
 from ._session import Session, recover_crashed_turn, validate_session_id
+from ._util import NoPublicConstructor
 
 if TYPE_CHECKING:
     from ._context import Context
@@ -81,7 +82,8 @@ def _seed_events(seed: Sequence[Any] | None) -> list[SessionEvent]:
     return out
 
 
-class AgentHandle:
+@final
+class AgentHandle(metaclass=NoPublicConstructor):
     """The owner's capability over one agent: ``aclose()`` tears down exactly that agent.
 
     ``aclose`` is idempotent and memoized; it returns only at quiescence: the driver stopped
@@ -376,7 +378,7 @@ async def _transaction(
                 recover_crashed_turn(session)
                 proposal = resumed_config(session, options)
             cwd = meta.get("cwd") if isinstance(meta.get("cwd"), str) else None
-            agent = Agent(rt, session, options or AgentOptions(), cwd=cwd, resumed=resumed,
+            agent = Agent._create(rt, session, options or AgentOptions(), cwd=cwd, resumed=resumed,
                           proposal=proposal)
             scope = owner.child(f"agent:{session_id}", agent_id=session_id)
             agent.ctx = scope
@@ -397,7 +399,7 @@ async def _transaction(
                 for event in session.events:
                     backend.append(session_id, event)
             agent._attached = True
-            handle = AgentHandle(agent, owner)
+            handle = AgentHandle._create(agent, owner)
             await rt.supervisor.enter(agent, handle, owner)
         except BaseException:
             with trio.move_on_after(CLOSE_GRACE, shield=True):
@@ -472,7 +474,7 @@ class AgentLoopService:
         frozen_meta = _freeze_meta(meta)
         session = Session(id, frozen_meta, rt.bus)
         cwd = frozen_meta.get("cwd") if isinstance(frozen_meta.get("cwd"), str) else None
-        agent = Agent(rt, session, options or AgentOptions(), cwd=cwd)
+        agent = Agent._create(rt, session, options or AgentOptions(), cwd=cwd)
         scope = owner.child(f"agent:{id}", agent_id=id)
         agent.ctx = scope
         if rt.persistence is not None and id in rt.leases:
@@ -483,7 +485,7 @@ class AgentLoopService:
             claim.published = True
         agent._needs_lease = True
         try:
-            rt.supervisor.enter_now(agent, AgentHandle(agent, owner), owner)
+            rt.supervisor.enter_now(agent, AgentHandle._create(agent, owner), owner)
         except BaseException:
             scope.close_registrations()
             if rt.leases.get(id) is agent._lease:

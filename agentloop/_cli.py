@@ -27,13 +27,22 @@ from typing import Any, Final, Literal, TextIO
 import attrs
 import trio
 
-from ._agent import Agent
-from ._config import Config, load_config
-from ._context import Context
-from ._errors import AgentLoopError, ConfigError, PersistenceError, SessionNotFound
-from ._events import PluginFailed, SessionEventAppended
-from ._model import AgentOptions, SessionEvent, content_text
-from ._runtime import open_runtime
+# The command line is the top layer: it uses only what any program embedding agentloop can.
+from agentloop import (
+    Agent,
+    AgentLoopError,
+    AgentOptions,
+    Config,
+    ConfigError,
+    Context,
+    PersistenceError,
+    SessionEvent,
+    SessionNotFound,
+    content_text,
+    load_config,
+    open_runtime,
+)
+from agentloop.events import PluginFailed, SessionEventAppended
 
 __all__ = ["main", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_INTERRUPTED"]
 
@@ -161,7 +170,7 @@ def choose_route(
 
 
 def _register_env_provider(rt: Context, env: EnvProvider, environ: Mapping[str, str]) -> None:
-    from .llm import AnthropicAdapter, OpenAIChatAdapter
+    from agentloop.llm import AnthropicAdapter, OpenAIChatAdapter
 
     key = environ[env.key_var]
     cls = OpenAIChatAdapter if env.kind == "openai" else AnthropicAdapter

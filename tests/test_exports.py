@@ -16,7 +16,7 @@ EXPECTED = {
         "ProviderError", "SessionIdInUse", "SessionNotFound", "PersistenceUnavailable",
         "PersistenceError", "AgentDisposed", "AgentNotPublished", "RuntimeClosed",
         "ToolDefinitionError",
-        "Plugin", "thaw", "validate_session_id",
+        "Plugin", "thaw", "validate_session_id", "load_config", "content_text",
     },
     agentloop.testing: {
         "ScriptedModel", "FunctionModel", "Reply", "reply", "TextDelta", "ReasoningDelta",

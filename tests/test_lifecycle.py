@@ -79,14 +79,22 @@ async def test_driving_an_unpublished_agent_is_an_error(rt, model) -> None:
         from agentloop._agent import Agent
         from agentloop._session import Session
 
-        unpublished = Agent(rt.runtime, Session("u", agentloop.FrozenDict(), rt.runtime.bus),
-                            OPTIONS)
+        unpublished = Agent._create(
+            rt.runtime, Session("u", agentloop.FrozenDict(), rt.runtime.bus), OPTIONS
+        )
         with pytest.raises(agentloop.AgentNotPublished, match="still being set up"):
             unpublished.followup("x")
         refused.append("u")
 
     await rt.agents.create(session_id="u", agent_options=OPTIONS, setup=setup)
     assert refused == ["u"]
+
+
+def test_agents_and_handles_have_no_public_constructor() -> None:
+    for cls in (agentloop.Agent, agentloop.AgentHandle):
+        with pytest.raises(TypeError, match="has no public constructor"):
+            cls(None, None)
+    assert agentloop.ConfigError.__module__ == "agentloop"
 
 
 async def test_setup_failure_rolls_back_and_the_id_is_reusable(rt, model) -> None:

@@ -29,11 +29,16 @@ from typing import Any, Final, Generic, Self, TypeAlias, TypeVar, cast
 import attrs
 import trio
 
-from agentloop._errors import InvalidContent, PersistenceError, SessionNotFound
-from agentloop._json import FrozenDict
-from agentloop._model import SessionEvent
-from agentloop._persistence import SessionInfo, StoredSession
-from agentloop._session import validate_session_id
+from agentloop import (
+    FrozenDict,
+    InvalidContent,
+    PersistenceError,
+    SessionEvent,
+    SessionInfo,
+    SessionNotFound,
+    StoredSession,
+    validate_session_id,
+)
 
 __all__ = ["SqliteSessionStore", "StoreStats", "validate_session_id", "SCHEMA_VERSION"]
 
