@@ -54,8 +54,8 @@ from ._model import (
     ToolSpec,
 )
 from ._scheduler import close_unanswered, run_tool_calls
-from ._util import NoPublicConstructor
 from ._session import Session, data
+from ._util import NoPublicConstructor
 
 if TYPE_CHECKING:
     from ._agents import LeaseClaim

@@ -87,12 +87,13 @@ def core_modules() -> list[Path]:
 def test_core_imports_point_down(path: Path) -> None:
     if path.parent.name == "llm":
         bad = [t for t in core_targets(path) if t != LLM and t not in LLM_MAY_IMPORT]
-        assert not bad, f"{path.relative_to(ROOT)} imports {bad}: llm/ may use only {LLM_MAY_IMPORT}"
+        where = path.relative_to(ROOT)
+        assert not bad, f"{where} imports {bad}: llm/ may use only {LLM_MAY_IMPORT}"
         return
     me = path.stem
     assert me in RANK, f"{me} has no layer: add it to LAYERS here and in agentloop/__init__.py"
     for target in core_targets(path):
-        if target == LLM or target == me:
+        if target in (LLM, me):
             continue
         assert target in RANK, f"{path.relative_to(ROOT)} imports {target}, which has no layer"
         assert RANK[target] >= RANK[me], (
