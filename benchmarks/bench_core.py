@@ -9,6 +9,7 @@ whatever else runs on it decide them. See ``benchmarks/README.md`` for the targe
 from __future__ import annotations
 
 import gc
+import math
 import os
 import statistics
 import sys
@@ -158,10 +159,21 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+CONVERSATION = [
+    {"type": "user/message", "turn": 1,
+     "data": {"message_id": "m1", "content": "hello there", "source": None}},
+    {"type": "assistant/message", "turn": 1,
+     "data": {"step": 1, "content": "hi, how can I help?", "tool_calls": [],
+              "source_event_seqs": [], "finish_reason": "stop", "usage": None,
+              "interrupted": False}},
+]
+
+
 async def idle_agents_bytes(measure: str) -> float:
-    """Bytes per idle agent, by ``"rss"`` or ``"tracemalloc"``, with IDLE_AGENTS in one runtime."""
+    """Bytes per idle agent actor (its task, channels, state and a 2-message conversation),
+    by ``"rss"`` or ``"tracemalloc"``, with IDLE_AGENTS in one runtime."""
     async with agentloop.open_runtime() as rt:
-        rt.agent_loop.create("warmup", OPTIONS)
+        (await rt.agents.create(session_id="warmup", agent_options=OPTIONS, seed=CONVERSATION))
         await trio.testing.wait_all_tasks_blocked()
         gc.collect()
         if measure == "tracemalloc":
@@ -169,9 +181,12 @@ async def idle_agents_bytes(measure: str) -> float:
             before = tracemalloc.get_traced_memory()[0]
         else:
             before = rss_bytes()
-        loop = rt.agent_loop
-        agents = [loop.create(f"idle-{i}", OPTIONS) for i in range(IDLE_AGENTS)]
-        # Every driver task has started and parked on its wake event.
+        handles = [
+            await rt.agents.create(session_id=f"idle-{i}", agent_options=OPTIONS,
+                                   seed=CONVERSATION)
+            for i in range(IDLE_AGENTS)
+        ]
+        # Every actor task has started and parked on its next-turn channel.
         await trio.testing.wait_all_tasks_blocked()
         gc.collect()
         if measure == "tracemalloc":
@@ -179,8 +194,39 @@ async def idle_agents_bytes(measure: str) -> float:
             tracemalloc.stop()
         else:
             after = rss_bytes()
-        assert all(a.status == "idle" for a in agents)
-        del agents
+        assert all(h.agent.status == "idle" for h in handles)
+        assert all(len(h.agent.session.messages()) == 2 for h in handles)
+        del handles
+    return (after - before) / IDLE_AGENTS
+
+
+async def parked_tasks_bytes(measure: str) -> float:
+    """The floor: bytes per bare trio task parked on one of its two memory channels."""
+
+    async def parked(rx: trio.MemoryReceiveChannel[object]) -> None:
+        await rx.receive()
+
+    keep: list[object] = []
+    async with trio.open_nursery() as nursery:
+        gc.collect()
+        if measure == "tracemalloc":
+            tracemalloc.start()
+            before = tracemalloc.get_traced_memory()[0]
+        else:
+            before = rss_bytes()
+        for _ in range(IDLE_AGENTS):
+            turn_tx, turn_rx = trio.open_memory_channel[object](math.inf)
+            step_tx, step_rx = trio.open_memory_channel[object](math.inf)
+            keep.append((turn_tx, step_tx, step_rx))
+            nursery.start_soon(parked, turn_rx)
+        await trio.testing.wait_all_tasks_blocked()
+        gc.collect()
+        if measure == "tracemalloc":
+            after = tracemalloc.get_traced_memory()[0]
+            tracemalloc.stop()
+        else:
+            after = rss_bytes()
+        nursery.cancel_scope.cancel()
     return (after - before) / IDLE_AGENTS
 
 
@@ -310,11 +356,15 @@ async def report_history() -> None:
 
 
 async def report_memory() -> None:
+    floor_rss = await parked_tasks_bytes("rss")
     rss = await idle_agents_bytes("rss")
+    floor = await parked_tasks_bytes("tracemalloc")
     traced = await idle_agents_bytes("tracemalloc")
-    print(f"\nmemory per idle agent: {IDLE_AGENTS:,} agents in one runtime")
-    print(f"  tracemalloc:  {traced / 1024:6.2f} KB/agent   target < 5")
-    print(f"  RSS delta:    {rss / 1024:6.2f} KB/agent")
+    print(f"\nmemory per idle agent actor: {IDLE_AGENTS:,} agents in one runtime")
+    print(f"  tracemalloc:  {traced / 1024:6.2f} KB/agent; floor (bare task on two channels) "
+          f"{floor / 1024:.2f} KB; above the floor {(traced - floor) / 1024:.2f} KB "
+          "(target <= 4)")
+    print(f"  RSS delta:    {rss / 1024:6.2f} KB/agent; floor {floor_rss / 1024:.2f} KB")
 
 
 async def report_emit() -> None:
