@@ -2,10 +2,13 @@
 
 Handlers are kept per event class in dispatch order; a class with no handler and no subscriber
 costs one dict lookup to emit (hot paths check :meth:`EventBus.has_listeners` before they even
-build the event). Subscribers are actor-style observers fed through a per-subscription queue:
-delivery never blocks the emitter and never hops a channel per event, and a subscriber that
-falls more than ``capacity`` events behind is told so with a :class:`Lagged` marker (durable
-events can then be re-read from ``session.events``).
+build the event). Subscribers are actor-style observers, each fed through a trio memory channel
+of its own: the emitter only ever calls ``send_nowait``, which appends to the channel's buffer
+or, for a subscriber parked in ``receive``, reschedules it once; it never waits and never
+switches task. Durable events are never dropped, so a stalled subscriber's channel grows with
+its backlog: they are what a subscriber needs to follow a session without re-reading its log.
+Every other event is bounded by the subscription's ``capacity``, and a subscriber that falls
+that far behind is told with a :class:`Lagged` marker.
 """
 
 from __future__ import annotations
@@ -14,21 +17,27 @@ import inspect
 import itertools
 import logging
 import math
-from collections import deque
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, TypeVar, overload
 
 import attrs
 import trio
 
-from ._events import Event
+from ._events import Event, SessionEventAppended
 
-__all__ = ["EventBus", "Lagged", "Subscription", "Disposer"]
+__all__ = ["EventBus", "Lagged", "Disposer", "Subscribe"]
 
 log = logging.getLogger("agentloop")
 E = TypeVar("E", bound=Event)
+E1 = TypeVar("E1", bound=Event)
+E2 = TypeVar("E2", bound=Event)
+E3 = TypeVar("E3", bound=Event)
+T = TypeVar("T")
 Handler = Callable[[Any], Any]
+Subscribe = AbstractAsyncContextManager[trio.MemoryReceiveChannel[T]]
+"""The async context manager :meth:`EventBus.subscribe` returns."""
+Classes = type[Event] | tuple[type[Event], ...]
 
 
 class Disposer:
@@ -65,69 +74,97 @@ class _Handler:
     agent_id: str | None
 
 
-class Subscription(trio.abc.ReceiveChannel[Any]):
-    """The receive side of :meth:`EventBus.subscribe`: events in emission order."""
+class _Feed:
+    """The sending side of one subscription, and the bookkeeping that bounds it.
 
-    def __init__(self, classes: tuple[type[Event], ...], capacity: float, agent_id: str | None):
-        self.classes = classes
+    The channel itself is unbounded, so ``send_nowait`` never refuses and durable events are
+    never lost; the bound on everything else is kept here. What the reader has taken is
+    ``pushed`` minus what the channel still buffers, and the buffer is only asked for its size
+    once ``pushed - consumed`` (an upper bound of it) reaches ``capacity``.
+    """
+
+    __slots__ = (
+        "_capacity", "_consumed", "_flush_armed", "_marker_at", "_missed", "_on_broken",
+        "_pushed", "_send_nowait", "_tx", "agent_id",
+    )
+
+    def __init__(
+        self,
+        tx: trio.MemorySendChannel[Event | Lagged],
+        capacity: float,
+        agent_id: str | None,
+        on_broken: Callable[[], None],
+    ) -> None:
+        self._tx = tx
+        self._send_nowait = tx.send_nowait
         self.agent_id = agent_id
         self._capacity = capacity
-        self._queue: deque[Any] = deque()
+        self._pushed = 0
+        self._consumed = 0
         self._missed = 0
-        self._waiter: trio.Event | None = None
-        self._closed = False
+        self._marker_at = -1
+        self._flush_armed = False
+        self._on_broken = on_broken
 
-    def _push(self, event: Event) -> None:
-        if self._closed:
-            return
-        if len(self._queue) >= self._capacity:
-            self._missed += 1
-        else:
-            if self._missed:
-                self._queue.append(Lagged(self._missed))
-                self._missed = 0
-            self._queue.append(event)
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            waiter.set()
-
-    def receive_nowait(self) -> Any:
-        if self._queue:
-            return self._queue.popleft()
+    def put_durable(self, event: Event) -> None:
         if self._missed:
-            missed, self._missed = self._missed, 0
-            return Lagged(missed)
-        if self._closed:
-            raise trio.EndOfChannel
-        raise trio.WouldBlock
+            self._mark()
+        try:
+            self._send_nowait(event)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._on_broken()
+            return
+        self._pushed += 1
 
-    async def receive(self) -> Any:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        while True:
-            try:
-                value = self.receive_nowait()
-            except trio.WouldBlock:
-                self._waiter = waiter = trio.Event()
-                await waiter.wait()
-                continue
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            return value
+    def put_control(self, event: Event) -> None:
+        if self._pushed - self._consumed >= self._capacity and self._buffered() >= self._capacity:
+            self._missed += 1
+            # When a marker is already the last thing queued (unread, the queue being full),
+            # the next one goes in right before the next event delivered: flushing one behind
+            # it would grow a stalled reader's queue by a marker per burst of events.
+            if not self._flush_armed and self._pushed != self._marker_at:
+                self._arm_flush()
+            return
+        if self._missed:
+            self._mark()
+        self._send(event)
 
-    def pending(self) -> int:
-        """Events queued and not yet received."""
-        return len(self._queue)
+    def _buffered(self) -> int:
+        buffered = self._tx.statistics().current_buffer_used
+        self._consumed = self._pushed - buffered
+        return buffered
 
-    def _end(self) -> None:
-        self._closed = True
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            waiter.set()
+    def _send(self, item: Event | Lagged) -> None:
+        try:
+            self._send_nowait(item)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            # The reader closed its end (or the subscription ended mid-dispatch): nobody
+            # will ever read this channel again.
+            self._on_broken()
+            return
+        self._pushed += 1
 
-    async def aclose(self) -> None:
-        self._end()
-        await trio.lowlevel.checkpoint()
+    def _mark(self) -> None:
+        missed, self._missed = self._missed, 0
+        self._send(Lagged(missed))
+        self._marker_at = self._pushed
+
+    def _arm_flush(self) -> None:
+        # A reader that drains what was buffered must learn of the gap without waiting for
+        # another event, so the marker goes in once the emitter lets other tasks run.
+        try:
+            trio.lowlevel.spawn_system_task(self._flush, name="agentloop.bus.lagged")
+        except RuntimeError:
+            return  # outside a run, or at its very end: the marker goes before the next event
+        self._flush_armed = True
+
+    async def _flush(self) -> None:
+        self._flush_armed = False
+        if self._missed:
+            self._mark()
+
+    def close(self) -> None:
+        self._tx.close()
 
 
 def _owner(event: Event) -> str | None:
@@ -141,7 +178,7 @@ class EventBus:
 
     def __init__(self) -> None:
         self._handlers: dict[type[Event], list[_Handler]] = {}
-        self._subs: dict[type[Event], list[Subscription]] = {}
+        self._subs: dict[type[Event], list[_Feed]] = {}
         self._order = itertools.count()
 
     def has_listeners(self, cls: type[Event]) -> bool:
@@ -215,11 +252,16 @@ class EventBus:
             self._deliver(subs, event)
 
     @staticmethod
-    def _deliver(subs: list[Subscription], event: Event) -> None:
+    def _deliver(subs: list[_Feed], event: Event) -> None:
         agent_id = _owner(event)
-        for sub in subs:
-            if sub.agent_id is None or sub.agent_id == agent_id:
-                sub._push(event)
+        if type(event).kind == "durable":
+            for sub in subs:
+                if sub.agent_id is None or sub.agent_id == agent_id:
+                    sub.put_durable(event)
+        else:
+            for sub in subs:
+                if sub.agent_id is None or sub.agent_id == agent_id:
+                    sub.put_control(event)
 
     async def emit(self, event: Event) -> Any:
         """Dispatch a hook and return its outcome.
@@ -254,45 +296,120 @@ class EventBus:
 
     def open_subscription(
         self,
-        classes: type[Event] | tuple[type[Event], ...],
-        *,
+        classes: Classes,
+        *more: Classes,
         capacity: float = 65536,
         agent_id: str | None = None,
-    ) -> tuple[Subscription, Disposer]:
-        """A subscription and the disposer that detaches (and ends) it."""
-        if not isinstance(classes, tuple):
-            classes = (classes,)
-        for cls in classes:
-            if not (isinstance(cls, type) and issubclass(cls, Event)):
-                raise TypeError(f"{cls!r} is not an agentloop event class")
+    ) -> tuple[trio.MemoryReceiveChannel[Event | Lagged], Disposer]:
+        """A subscription's receive channel, and the disposer that detaches it and ends it.
+
+        The reader gets what was queued before the detach, then ``trio.EndOfChannel``.
+        """
+        flat: list[type[Event]] = []
+        for group in (classes, *more):
+            for cls in group if isinstance(group, tuple) else (group,):
+                if not (isinstance(cls, type) and issubclass(cls, Event)):
+                    raise TypeError(f"{cls!r} is not an agentloop event class")
+                if cls not in flat:
+                    flat.append(cls)
+        if not flat:
+            raise TypeError("subscribe to at least one event class")
         if capacity != math.inf and (not isinstance(capacity, int) or capacity <= 0):
             raise ValueError(f"capacity must be a positive integer or math.inf, got {capacity!r}")
-        sub = Subscription(classes, capacity, agent_id)
-        for cls in classes:
-            self._subs[cls] = [*self._subs.get(cls, ()), sub]
+        tx, rx = trio.open_memory_channel[Event | Lagged](math.inf)
+        detached = False
 
         def detach() -> None:
-            for cls in classes:
+            nonlocal detached
+            if detached:
+                return
+            detached = True
+            for cls in flat:
+                # Copy-on-write: a dispatch in progress keeps iterating the list it started with.
                 remaining = [s for s in self._subs.get(cls, ()) if s is not sub]
                 if remaining:
                     self._subs[cls] = remaining
                 else:
                     self._subs.pop(cls, None)
-            sub._end()
+            sub.close()
 
-        return sub, Disposer(detach)
+        sub = _Feed(tx, capacity, agent_id, detach)
+        for cls in flat:
+            self._subs[cls] = [*self._subs.get(cls, ()), sub]
+        return rx, Disposer(detach)
 
-    @asynccontextmanager
-    async def subscribe(
+    @overload
+    def subscribe(
+        self, cls: type[SessionEventAppended], /, *, capacity: float = ...,
+        agent_id: str | None = ...,
+    ) -> Subscribe[SessionEventAppended]: ...
+    @overload
+    def subscribe(
+        self, cls: type[E1], /, *, capacity: float = ..., agent_id: str | None = ...
+    ) -> Subscribe[E1 | Lagged]: ...
+    @overload
+    def subscribe(
+        self, c1: type[E1], c2: type[E2], /, *, capacity: float = ...,
+        agent_id: str | None = ...,
+    ) -> Subscribe[E1 | E2 | Lagged]: ...
+    @overload
+    def subscribe(
+        self, c1: type[E1], c2: type[E2], c3: type[E3], /, *, capacity: float = ...,
+        agent_id: str | None = ...,
+    ) -> Subscribe[E1 | E2 | E3 | Lagged]: ...
+    @overload
+    def subscribe(
+        self, classes: tuple[type[SessionEventAppended]], /, *, capacity: float = ...,
+        agent_id: str | None = ...,
+    ) -> Subscribe[SessionEventAppended]: ...
+    @overload
+    def subscribe(
+        self, classes: tuple[type[E1]], /, *, capacity: float = ..., agent_id: str | None = ...
+    ) -> Subscribe[E1 | Lagged]: ...
+    @overload
+    def subscribe(
+        self, classes: tuple[type[E1], type[E2]], /, *, capacity: float = ...,
+        agent_id: str | None = ...,
+    ) -> Subscribe[E1 | E2 | Lagged]: ...
+    @overload
+    def subscribe(
+        self, classes: tuple[type[E1], type[E2], type[E3]], /, *, capacity: float = ...,
+        agent_id: str | None = ...,
+    ) -> Subscribe[E1 | E2 | E3 | Lagged]: ...
+    @overload
+    def subscribe(
+        self, classes: Classes, /, *more: Classes, capacity: float = ...,
+        agent_id: str | None = ...,
+    ) -> Subscribe[Event | Lagged]: ...
+    def subscribe(
         self,
-        classes: type[Event] | tuple[type[Event], ...],
-        *,
+        classes: Classes,
+        /,
+        *more: Classes,
         capacity: float = 65536,
         agent_id: str | None = None,
-    ) -> AsyncIterator[Subscription]:
-        """Yield a receive channel of the given event classes until the block exits."""
-        sub, detach = self.open_subscription(classes, capacity=capacity, agent_id=agent_id)
+    ) -> Subscribe[Any]:
+        """Yield a ``trio.MemoryReceiveChannel`` of the given event classes until the block exits.
+
+        Classes come as arguments, as tuples, or both; events arrive in emission order across
+        all of them. On exit the channel ends: what was queued can still be received, then
+        ``trio.EndOfChannel``.
+
+        Durable events (``SessionEventAppended``) are never dropped, in seq order for each
+        session: the channel keeps every one the reader has not taken yet, so a stalled reader
+        holds memory in proportion to its backlog (one queue slot per event; the events are
+        shared with the session log). Every other event is bounded: once ``capacity`` items
+        are queued unread, further ones are counted instead, and the reader receives one
+        :class:`Lagged` in their place, as soon as it has taken what was queued before them.
+        """
+        return self._subscription((classes, *more), capacity, agent_id)
+
+    @asynccontextmanager
+    async def _subscription(
+        self, classes: tuple[Classes, ...], capacity: float, agent_id: str | None
+    ) -> AsyncIterator[trio.MemoryReceiveChannel[Any]]:
+        rx, detach = self.open_subscription(*classes, capacity=capacity, agent_id=agent_id)
         try:
-            yield sub
+            yield rx
         finally:
             detach()

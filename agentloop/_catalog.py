@@ -117,16 +117,19 @@ async with ctx.events.subscribe((AgentStatus, SessionEventAppended)) as events:
         ...
 ```
 
-Delivery never blocks the emitter and costs no task switch per event: each event is appended
-to the subscription's own queue. Any kind of event can be subscribed to, and an async task is
-the place to await something in response to a control or durable event. A subscription made
-through an agent's own context only receives events whose `agent_id` is that agent's (so none
-of the `session/*` events).
+The channel is a `trio.MemoryReceiveChannel`, typed by the classes subscribed to. Delivery
+never blocks the emitter: it is one `send_nowait` into the subscription's own unbounded
+channel, which wakes a parked reader at most once per batch. Any kind of event can be
+subscribed to, and an async task is the place to await something in response to a control or
+durable event. A subscription made through an agent's own context only receives events whose
+`agent_id` is that agent's (so none of the `session/*` events).
 
-A subscriber that has `capacity` events queued and not yet received falls behind: further
-events are not queued but counted, and the next thing it receives is one `Lagged` marker
-saying how many it missed, followed by the events queued after it caught up. Durable events
-can be re-read from the log: `agent.session.events[seq - 1]` is the event with that `seq`.
+Durable events (`session/event`) are never dropped, however slow the subscriber: its memory
+grows with its backlog, one buffer slot per event. Control and hook events are bounded: a
+subscriber with `capacity` of them not yet received falls behind; further ones are counted,
+and the next thing it receives is one `Lagged` marker saying how many it missed, followed by
+what came after. To catch up on a large backlog, drain with `receive_nowait` until
+`trio.WouldBlock` (far cheaper per event than `async for`).
 """
 
 

@@ -12,12 +12,12 @@ import inspect
 import itertools
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 import trio
 
-from ._bus import Disposer, Lagged
-from ._events import Event
+from ._bus import E1, E2, E3, Classes, Disposer, Lagged, Subscribe
+from ._events import Event, SessionEventAppended
 from ._tools import ToolsFacade
 
 if TYPE_CHECKING:
@@ -52,24 +52,37 @@ class EventsFacade:
         """Register a handler for ``cls``; the registration ends with this scope.
 
         Hooks are awaited, sync or async. Control and durable events are dispatched
-        synchronously at the moment they happen: a plain function runs right there; an async
-        handler runs as an observer task that receives them in order, without holding up
-        the emitter. Inside an agent's scope (its ``setup``) the handler only sees that
-        agent's events.
+        synchronously at the moment they happen, and a plain function runs right there.
+
+        An ``async def`` handler of a control or durable event cannot run there: it becomes
+        an observer task of its own, fed by a subscription (see :meth:`subscribe`), that
+        awaits the handler for one event after another, in emission order, without holding
+        up the emitter (so it sees each event after the fact, and ``priority`` does not
+        apply). For a durable class nothing is ever dropped, however slow the handler: the
+        backlog is kept in memory until the handler catches up. For a control class a
+        handler that falls 65,536 events behind misses the overflow, and a warning is
+        logged saying how many it missed. Inside an agent's scope (its ``setup``) the
+        handler only sees that agent's events.
         """
         agent_id = self._ctx.agent_id
         if cls.kind == "hook" or not _is_async(handler):
             return self._ctx.track(self._bus.on(cls, handler, priority=priority,
                                                 agent_id=agent_id))
-        sub, detach = self._bus.open_subscription(cls, agent_id=agent_id)
+        rx, detach = self._bus.open_subscription(cls, agent_id=agent_id)
+        # The bus only feeds this channel events of ``cls`` and markers.
+        sub = cast("trio.MemoryReceiveChannel[E | Lagged]", rx)
         scope = trio.CancelScope()
 
         async def observe() -> None:
             with scope:
                 async for event in sub:
                     if isinstance(event, Lagged):
-                        log.warning("an async %s handler fell %d events behind and missed them",
-                                    cls.name, event.missed)
+                        log.warning(
+                            "the async %s handler %r runs as an observer task and fell too far "
+                            "behind: it missed %d events (register a plain function to run "
+                            "at the moment of each event, or make the handler faster)",
+                            cls.name, handler, event.missed,
+                        )
                         continue
                     try:
                         await handler(event)
@@ -84,16 +97,64 @@ class EventsFacade:
 
         return self._ctx.track(Disposer(stop))
 
+    @overload
     def subscribe(
-        self, classes: type[Event] | tuple[type[Event], ...], *, capacity: float = 65536
-    ) -> Any:
-        """``async with ctx.events.subscribe(Cls) as rx:``: a receive channel of those events.
+        self, cls: type[SessionEventAppended], /, *, capacity: float = ...
+    ) -> Subscribe[SessionEventAppended]: ...
+    @overload
+    def subscribe(self, cls: type[E1], /, *, capacity: float = ...) -> Subscribe[E1 | Lagged]: ...
+    @overload
+    def subscribe(
+        self, c1: type[E1], c2: type[E2], /, *, capacity: float = ...
+    ) -> Subscribe[E1 | E2 | Lagged]: ...
+    @overload
+    def subscribe(
+        self, c1: type[E1], c2: type[E2], c3: type[E3], /, *, capacity: float = ...
+    ) -> Subscribe[E1 | E2 | E3 | Lagged]: ...
+    @overload
+    def subscribe(
+        self, classes: tuple[type[SessionEventAppended]], /, *, capacity: float = ...
+    ) -> Subscribe[SessionEventAppended]: ...
+    @overload
+    def subscribe(
+        self, classes: tuple[type[E1]], /, *, capacity: float = ...
+    ) -> Subscribe[E1 | Lagged]: ...
+    @overload
+    def subscribe(
+        self, classes: tuple[type[E1], type[E2]], /, *, capacity: float = ...
+    ) -> Subscribe[E1 | E2 | Lagged]: ...
+    @overload
+    def subscribe(
+        self, classes: tuple[type[E1], type[E2], type[E3]], /, *, capacity: float = ...
+    ) -> Subscribe[E1 | E2 | E3 | Lagged]: ...
+    @overload
+    def subscribe(
+        self, classes: Classes, /, *more: Classes, capacity: float = ...
+    ) -> Subscribe[Event | Lagged]: ...
+    def subscribe(
+        self, classes: Classes, /, *more: Classes, capacity: float = 65536
+    ) -> Subscribe[Any]:
+        """``async with ctx.events.subscribe(Cls, *more) as rx:``: a channel of those events.
 
-        Delivery never blocks the emitter. A subscriber more than ``capacity`` events behind
-        receives one :class:`agentloop.Lagged` marker in place of what it missed; durable
-        events can be re-read from ``agent.session.events`` by seq.
+        ``rx`` is a ``trio.MemoryReceiveChannel`` of the events of the given classes (as
+        arguments, a tuple, or both), in emission order across all of them; it ends when the
+        block exits. Delivery never blocks the emitter and costs it no task switch per event.
+
+        Durable events (``SessionEventAppended``) are never dropped: a subscriber receives
+        every one, in seq order for each session, however slow it is, and until it catches up
+        the channel holds its backlog in memory (one queue slot per event). Any other event
+        is bounded by ``capacity``: a subscriber with that many items queued unread misses
+        the next ones and receives one :class:`agentloop.Lagged` marker in their place.
+
+        Each ``receive`` (and each turn of ``async for``) is a trip through the scheduler,
+        even when an event is already queued. A reader working through a backlog can take
+        what is queued with ``receive_nowait`` until it raises ``trio.WouldBlock``, one trip
+        per batch instead of per event; for events that arrive one at a time it gains
+        nothing. Inside an agent's scope the channel only carries that agent's events.
         """
-        return self._bus.subscribe(classes, capacity=capacity, agent_id=self._ctx.agent_id)
+        return self._bus.subscribe(
+            classes, *more, capacity=capacity, agent_id=self._ctx.agent_id
+        )
 
     async def emit(self, event: Event) -> Any:
         """Emit a hook event (plugins may define their own hook events)."""
