@@ -159,6 +159,30 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+class Usage:
+    """Allocated bytes from ``start()`` to ``stop()``: traced Python allocations or RSS."""
+
+    def __init__(self, measure: str) -> None:
+        self.measure = measure
+        self.before = 0
+
+    def _now(self) -> int:
+        return tracemalloc.get_traced_memory()[0] if self.measure == "tracemalloc" else rss_bytes()
+
+    def start(self) -> None:
+        gc.collect()
+        if self.measure == "tracemalloc":
+            tracemalloc.start()
+        self.before = self._now()
+
+    def stop(self) -> int:
+        gc.collect()
+        used = self._now() - self.before
+        if self.measure == "tracemalloc":
+            tracemalloc.stop()
+        return used
+
+
 CONVERSATION = [
     {"type": "user/message", "turn": 1,
      "data": {"message_id": "m1", "content": "hello there", "source": None}},
@@ -175,12 +199,8 @@ async def idle_agents_bytes(measure: str) -> float:
     async with agentloop.open_runtime() as rt:
         (await rt.agents.create(session_id="warmup", agent_options=OPTIONS, seed=CONVERSATION))
         await trio.testing.wait_all_tasks_blocked()
-        gc.collect()
-        if measure == "tracemalloc":
-            tracemalloc.start()
-            before = tracemalloc.get_traced_memory()[0]
-        else:
-            before = rss_bytes()
+        usage = Usage(measure)
+        usage.start()
         handles = [
             await rt.agents.create(session_id=f"idle-{i}", agent_options=OPTIONS,
                                    seed=CONVERSATION)
@@ -188,16 +208,11 @@ async def idle_agents_bytes(measure: str) -> float:
         ]
         # Every actor task has started and parked on its next-turn channel.
         await trio.testing.wait_all_tasks_blocked()
-        gc.collect()
-        if measure == "tracemalloc":
-            after = tracemalloc.get_traced_memory()[0]
-            tracemalloc.stop()
-        else:
-            after = rss_bytes()
+        used = usage.stop()
         assert all(h.agent.status == "idle" for h in handles)
         assert all(len(h.agent.session.messages()) == 2 for h in handles)
         del handles
-    return (after - before) / IDLE_AGENTS
+    return used / IDLE_AGENTS
 
 
 async def parked_tasks_bytes(measure: str) -> float:
@@ -208,26 +223,17 @@ async def parked_tasks_bytes(measure: str) -> float:
 
     keep: list[object] = []
     async with trio.open_nursery() as nursery:
-        gc.collect()
-        if measure == "tracemalloc":
-            tracemalloc.start()
-            before = tracemalloc.get_traced_memory()[0]
-        else:
-            before = rss_bytes()
+        usage = Usage(measure)
+        usage.start()
         for _ in range(IDLE_AGENTS):
             turn_tx, turn_rx = trio.open_memory_channel[object](math.inf)
             step_tx, step_rx = trio.open_memory_channel[object](math.inf)
             keep.append((turn_tx, step_tx, step_rx))
             nursery.start_soon(parked, turn_rx)
         await trio.testing.wait_all_tasks_blocked()
-        gc.collect()
-        if measure == "tracemalloc":
-            after = tracemalloc.get_traced_memory()[0]
-            tracemalloc.stop()
-        else:
-            after = rss_bytes()
+        used = usage.stop()
         nursery.cancel_scope.cancel()
-    return (after - before) / IDLE_AGENTS
+    return used / IDLE_AGENTS
 
 
 # --- emit -------------------------------------------------------------------------------------

@@ -12,7 +12,10 @@ settings.register_profile(
 )
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
+import shutil
+import subprocess
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -83,3 +86,27 @@ def check_history_valid(messages: Sequence[agentloop.Message]) -> None:
             if m.role == "assistant":
                 waiting = [c.id for c in m.tool_calls]
     assert not waiting
+
+
+def read_only_prefix(kind: str, directory: Path) -> list[str]:
+    """A command prefix under which ``directory`` is read-only for the command it runs."""
+    if kind == "directory":
+        # chmod alone binds only non-root: root ignores permission bits unless it drops the
+        # capabilities that let it.
+        if os.geteuid() != 0:
+            return []
+        tool = shutil.which("setpriv")
+        prefix = [
+            tool or "setpriv",
+            "--inh-caps=-dac_override,-dac_read_search",
+            "--bounding-set=-dac_override,-dac_read_search",
+        ]
+        why = "running as root, which permission bits do not bind, and cannot drop that power"
+    else:
+        tool = shutil.which("unshare")
+        script = 'mount --bind "$0" "$0" && mount -o remount,ro,bind "$0" "$0" && exec "$@"'
+        prefix = [tool or "unshare", "--mount", "sh", "-c", script, str(directory)]
+        why = "cannot mount a read-only bind here (needs root and mount namespaces)"
+    if tool is None or subprocess.run([*prefix, "true"], capture_output=True).returncode:
+        pytest.skip(why)
+    return prefix

@@ -22,6 +22,7 @@ from typing import Any
 
 import attrs
 import pytest
+from conftest import read_only_prefix
 
 from agentloop import Config
 from agentloop._cli import CliError, choose_route, main
@@ -447,7 +448,6 @@ def test_missing_local_extra_says_how_to_install_it(
 
 # --- sessions only ever read the store --------------------------------------------------------
 
-import shutil
 import sqlite3
 
 import trio
@@ -496,28 +496,6 @@ def test_sessions_refuse_another_applications_database_untouched(
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("delete",)
 
 
-def _read_only_prefix(kind: str, directory: Path) -> list[str]:
-    """A command prefix under which ``directory`` is read-only for the command it runs."""
-    if kind == "directory":
-        # chmod alone binds only non-root: root ignores permission bits unless it drops the
-        # capabilities that let it.
-        if os.geteuid() != 0:
-            return []
-        tool = shutil.which("setpriv")
-        prefix = [
-            tool or "setpriv",
-            "--inh-caps=-dac_override,-dac_read_search",
-            "--bounding-set=-dac_override,-dac_read_search",
-        ]
-        why = "running as root, which permission bits do not bind, and cannot drop that power"
-    else:
-        tool = shutil.which("unshare")
-        script = 'mount --bind "$0" "$0" && mount -o remount,ro,bind "$0" "$0" && exec "$@"'
-        prefix = [tool or "unshare", "--mount", "sh", "-c", script, str(directory)]
-        why = "cannot mount a read-only bind here (needs root and mount namespaces)"
-    if tool is None or subprocess.run([*prefix, "true"], capture_output=True).returncode:
-        pytest.skip(why)
-    return prefix
 
 
 @pytest.mark.slow
@@ -528,7 +506,7 @@ def test_sessions_read_a_store_in_a_read_only_place(
     db = tmp_path / "ro" / "sessions.db"
     _store_a_session(db)
     before = _files(db)
-    prefix = _read_only_prefix(kind, db.parent)
+    prefix = read_only_prefix(kind, db.parent)
     if kind == "directory":
         db.chmod(0o444)
         db.parent.chmod(0o555)

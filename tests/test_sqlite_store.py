@@ -15,6 +15,7 @@ import pytest
 import trio
 from agentloop_sqlite import SqliteSessionStore, validate_session_id
 from agentloop_sqlite._store import _DECODER, _ENCODER, SCHEMA_VERSION
+from conftest import read_only_prefix
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -744,28 +745,6 @@ async def test_a_read_only_open_creates_and_migrates_nothing(tmp_path: Path) -> 
         assert sorted(os.listdir(tmp_path)) == ["empty.db"]
 
 
-def _read_only_prefix(kind: str, directory: Path) -> list[str]:
-    """A command prefix under which ``directory`` is read-only for the command it runs."""
-    if kind == "directory":
-        # chmod alone binds only non-root: root ignores permission bits unless it drops the
-        # capabilities that let it.
-        if os.geteuid() != 0:
-            return []
-        tool = shutil.which("setpriv")
-        prefix = [
-            tool or "setpriv",
-            "--inh-caps=-dac_override,-dac_read_search",
-            "--bounding-set=-dac_override,-dac_read_search",
-        ]
-        why = "running as root, which permission bits do not bind, and cannot drop that power"
-    else:
-        tool = shutil.which("unshare")
-        script = 'mount --bind "$0" "$0" && mount -o remount,ro,bind "$0" "$0" && exec "$@"'
-        prefix = [tool or "unshare", "--mount", "sh", "-c", script, str(directory)]
-        why = "cannot mount a read-only bind here (needs root and mount namespaces)"
-    if tool is None or subprocess.run([*prefix, "true"], capture_output=True).returncode:
-        pytest.skip(why)
-    return prefix
 
 
 _READ_ONLY_CHILD = """
@@ -788,7 +767,7 @@ async def test_a_store_in_a_read_only_place_is_readable(tmp_path: Path, kind: st
     with trio.fail_after(20):
         await _store_one_session(db)
         before = _snapshot(db)
-        prefix = _read_only_prefix(kind, db.parent)
+        prefix = read_only_prefix(kind, db.parent)
         if kind == "directory":
             db.chmod(0o444)
             db.parent.chmod(0o555)
@@ -818,7 +797,7 @@ async def test_a_crashed_writers_log_in_a_read_only_place_is_refused(tmp_path: P
                 conn.execute("UPDATE sessions SET turns = 7")
             for suffix in ("", "-wal"):
                 shutil.copyfile(f"{live}{suffix}", f"{db}{suffix}")
-        prefix = _read_only_prefix("filesystem", db.parent)
+        prefix = read_only_prefix("filesystem", db.parent)
         done = await trio.run_process(
             [*prefix, sys.executable, "-c", _READ_ONLY_CHILD, str(db)],
             capture_stdout=True, capture_stderr=True, check=False,
