@@ -225,7 +225,7 @@ class Supervisor:
             finally:
                 agent._announced.set()
                 self._actors.start_soon(agent._actor, name=f"agentloop.agent:{agent.id}")
-        except BaseException as exc:  # noqa: BLE001 - handed to the creator, who re-raises
+        except Exception as exc:  # noqa: BLE001 - handed to the creator, who re-raises
             request.reply.error = exc
         finally:
             request.reply.done.set()
