@@ -20,15 +20,14 @@ Layering (``tests/test_layering.py`` enforces it; a module imports its own layer
     context     _context                 Context and the ctx.* facades
     supervisor  _agents                  the supervisor actor, creation, handles
     driver      _agent                   the agent actor: inbox, run controls, turns
-    parts       _scheduler               one step's tool calls
+    parts       _inbox _reply _scheduler pending input; one reply's fold; one step's tools
     services    _session _llm _tools _settings _persistence _config
     bus         _bus _schema
-    values      _events _model _json _errors _http _util
+    values      _log _events _model _json _errors _http _util
     llm/        the adapters, over values only; plugins/ use the public modules only
 """
 
 from ._agent import Agent as Agent
-from ._agent import Inbox as Inbox
 from ._agents import AgentHandle as AgentHandle
 from ._bus import Disposer as Disposer
 from ._bus import Lagged as Lagged
@@ -56,6 +55,7 @@ from ._events import Ask as Ask
 from ._events import Deny as Deny
 from ._events import Reject as Reject
 from ._events import Retry as Retry
+from ._inbox import Inbox as Inbox
 from ._json import FrozenDict as FrozenDict
 from ._json import thaw as thaw
 from ._model import AgentOptions as AgentOptions

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from . import _log
 from ._errors import InvalidContent
 from ._events import (
     Allow,
@@ -32,7 +33,7 @@ from ._events import (
 from ._json import FrozenDict, freeze, freeze_repaired
 from ._model import ToolCall, ToolResult
 from ._schema import parse_arguments, validate_arguments
-from ._session import Session, data
+from ._session import Session
 from ._settings import MAX_PARALLEL_TOOL_CALLS
 from ._tools import Tool
 
@@ -74,11 +75,7 @@ class _Run:
 
     def _log_call(self, slot: _Slot) -> None:
         call = slot.call
-        self.session.append(
-            "tool/call",
-            data(call_id=call.id, name=call.name, arguments=call.arguments),
-            self.turn,
-        )
+        self.session.append(_log.TOOL_CALL, _log.tool_call(call), self.turn)
         slot.logged = True
 
     async def _prelude(self, slot: _Slot) -> None:
@@ -164,7 +161,7 @@ class _Run:
             result = attrs.evolve(result, content=slot.tool.finalize_content(result.content))
         if not slot.logged:
             self._log_call(slot)
-        self.session.append("tool/result", result_data(slot.call, result), self.turn)
+        self.session.append(_log.TOOL_RESULT, result_data(slot.call, result), self.turn)
         slot.emitted = True
 
     async def _emit_ready(self) -> None:
@@ -292,25 +289,18 @@ def result_data(call: ToolCall, result: ToolResult) -> FrozenDict:
     except InvalidContent as exc:
         content, repaired = f"Error: the tool returned content that is not JSON ({exc})", False
         result = ToolResult(content, is_error=True, error_code="INVALID_RESULT")
-    fields = data(
-        call_id=call.id,
-        name=call.name,
-        content=content,
-        is_error=result.is_error,
-        error_code=result.error_code,
+    return _log.tool_result(
+        call, content, is_error=result.is_error, error_code=result.error_code, repaired=repaired
     )
-    return FrozenDict(fields, repaired=True) if repaired else fields
 
 
 def close_unanswered(session: Session, turn: int) -> None:
     """Answer every call of the session still without a result (``ABORTED_BEFORE_DISPATCH``)."""
     for call, logged in session.unanswered:
         if not logged:
-            session.append(
-                "tool/call", data(call_id=call.id, name=call.name, arguments=call.arguments), turn
-            )
+            session.append(_log.TOOL_CALL, _log.tool_call(call), turn)
         session.append(
-            "tool/result",
+            _log.TOOL_RESULT,
             result_data(call, ToolResult.error(ABORTED_BEFORE_DISPATCH, _ABORTED_TEXT)),
             turn,
         )

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Final, overload
+from typing import Final, cast, overload
 
+from . import _log
 from ._bus import EventBus
 from ._errors import InvalidContent, PersistenceError
 from ._events import SessionEventAppended
 from ._json import FrozenDict
-from ._model import Message, SessionEvent, ToolCall
+from ._model import Content, Message, SessionEvent, ToolCall
 
 __all__ = [
     "Session", "LogView", "HistoryView", "Reducer", "recover_crashed_turn", "validate_session_id",
@@ -109,22 +110,22 @@ Reducer = Callable[[list[Message], SessionEvent], None]
 
 
 def _user(history: list[Message], event: SessionEvent) -> None:
-    content = event.data["content"]
+    data = cast("_log.ClaimedMessageData", event.data)
+    content = data["content"]
     if not isinstance(content, (str, tuple)):
         raise TypeError(f"content must be text or a list of parts, got {content!r}")
     history.append(Message("user", content))
 
 
 def tool_calls_of(data: FrozenDict) -> tuple[ToolCall, ...]:
-    return tuple(
-        ToolCall(c["id"], c["name"], c["arguments"]) for c in data.get("tool_calls", ())
-    )
+    calls = cast("_log.AssistantMessageData", data).get("tool_calls", ())
+    return tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in calls)
 
 
 def _assistant(history: list[Message], event: SessionEvent) -> None:
-    data = event.data
+    data = cast("_log.AssistantMessageData", event.data)
     content = data.get("content") or ""
-    tool_calls = tool_calls_of(data)
+    tool_calls = tool_calls_of(event.data)
     reasoning = data.get("reasoning") or None
     if not content and not tool_calls and not reasoning:
         return  # empty assistant content stays out of history
@@ -141,11 +142,11 @@ def _assistant(history: list[Message], event: SessionEvent) -> None:
 
 
 def _tool_result(history: list[Message], event: SessionEvent) -> None:
-    data = event.data
+    data = cast("_log.ToolResultData", event.data)
     history.append(
         Message(
             "tool",
-            data["content"],
+            cast("Content", data["content"]),
             tool_call_id=data["call_id"],
             name=data.get("name"),
             is_error=bool(data.get("is_error")),
@@ -305,8 +306,8 @@ def recover_crashed_turn(session: Session) -> None:
         return
     if cut:
         session.append(
-            "assistant/message",
-            data(
+            _log.ASSISTANT_MESSAGE,
+            _log.assistant_message(
                 step=step,
                 content="".join(e.data["delta"] for e in cut if e.data["kind"] == "text"),
                 reasoning="".join(e.data["delta"] for e in cut if e.data["kind"] == "reasoning")
@@ -322,25 +323,15 @@ def recover_crashed_turn(session: Session) -> None:
         )
     for call, logged in session.unanswered:
         if not logged:
-            session.append(
-                "tool/call",
-                data(call_id=call.id, name=call.name, arguments=call.arguments),
-                open_turn,
-            )
+            session.append(_log.TOOL_CALL, _log.tool_call(call), open_turn)
         session.append(
-            "tool/result",
-            data(
-                call_id=call.id,
-                name=call.name,
-                content="Error: the process stopped before this call finished",
-                is_error=True,
-                error_code="INTERRUPTED",
+            _log.TOOL_RESULT,
+            _log.tool_result(
+                call, "Error: the process stopped before this call finished",
+                is_error=True, error_code="INTERRUPTED",
             ),
             open_turn,
         )
-    session.append("turn/end", data(turn=open_turn, reason="aborted", cause="crash"), open_turn)
-
-
-def data(**fields: Any) -> FrozenDict:
-    """Build event data from values agentloop already froze."""
-    return FrozenDict(fields)
+    session.append(
+        _log.TURN_END, _log.turn_end(open_turn, "aborted", cause="crash"), open_turn
+    )

@@ -28,10 +28,10 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("context", {"_context"}),
     ("supervisor", {"_agents"}),
     ("driver", {"_agent"}),
-    ("parts", {"_scheduler"}),
+    ("parts", {"_inbox", "_reply", "_scheduler"}),
     ("services", {"_session", "_llm", "_tools", "_settings", "_persistence", "_config"}),
     ("bus", {"_bus", "_schema"}),
-    ("values", {"_events", "_model", "_json", "_errors", "_http", "_util"}),
+    ("values", {"_log", "_events", "_model", "_json", "_errors", "_http", "_util"}),
 ]
 LLM = "llm"  # the adapters: beside the core, over values only
 RANK = {name: i for i, (_, names) in enumerate(LAYERS) for name in names}

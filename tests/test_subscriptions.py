@@ -16,8 +16,9 @@ import trio.testing
 from conftest import OPTIONS, check_log_invariants
 
 import agentloop
+from agentloop import FrozenDict
 from agentloop import events as ev
-from agentloop._session import Session, data
+from agentloop._session import Session
 from agentloop.testing import ScriptedModel
 
 BIG = 200_000
@@ -126,7 +127,7 @@ async def test_a_stalled_durable_subscriber_loses_nothing(rt: agentloop.Context)
     # capacity bounds control events only: durable ones ignore it.
     async with rt.events.subscribe(ev.SessionEventAppended, capacity=1) as rx:
         for i in range(BIG):
-            session.append("note/tick", data(i=i), None)
+            session.append("note/tick", FrozenDict(i=i), None)
         assert rx.statistics().current_buffer_used == BIG
         first = [await rx.receive() for _ in range(3)]
         rest = drain(rx)
@@ -154,7 +155,7 @@ async def test_durable_events_keep_each_sessions_seq_order_in_emission_order(
     order = "abbabaaabbbbba"
     async with rt.events.subscribe(ev.SessionEventAppended) as rx:
         for name in order:
-            (a if name == "a" else b).append("note/tick", data(), None)
+            (a if name == "a" else b).append("note/tick", FrozenDict(), None)
         got = drain(rx)
     assert "".join(e.session_id for e in got) == order
     for name in "ab":
@@ -182,7 +183,7 @@ async def test_a_slow_async_observer_of_durable_events_sees_every_one_in_order(
 
     rt.events.on(ev.SessionEventAppended, observer)
     for i in range(count):
-        session.append("note/tick", data(i=i), None)
+        session.append("note/tick", FrozenDict(i=i), None)
     await trio.testing.wait_all_tasks_blocked()
     assert seen == []
     gate.set()
@@ -256,9 +257,9 @@ async def test_a_mixed_subscription_drops_only_control_events(rt: agentloop.Cont
         rt.events.emit_nowait(status("s1"))
         rt.events.emit_nowait(status("s2"))
         rt.events.emit_nowait(status("s3"))
-        d1 = session.append("note/tick", data(), None)
+        d1 = session.append("note/tick", FrozenDict(), None)
         rt.events.emit_nowait(status("s4"))
-        d2 = session.append("note/tick", data(), None)
+        d2 = session.append("note/tick", FrozenDict(), None)
         await trio.testing.wait_all_tasks_blocked()
         got = drain(rx)
     assert got == [

@@ -1,0 +1,190 @@
+"""The durable log's schema: one builder per event type that agentloop writes, and the typed
+payload its readers get.
+
+Every writer builds ``data`` here, so the keys of a type are written in one place; readers use
+the ``TypedDict`` of the type (``cast(AssistantMessageData, event.data)``). The builders return
+the same :class:`FrozenDict` a literal would, from values that are already frozen JSON, so the
+per-chunk builder costs one dict construction.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal, TypedDict
+
+from ._json import JSON, FrozenDict
+from ._model import Content, ToolCall
+
+__all__ = [
+    "TURN_START", "TURN_END", "USER_MESSAGE", "STEERING_MESSAGE", "REQUEST_HEADER",
+    "ASSISTANT_CHUNK", "ASSISTANT_MESSAGE", "TOOL_CALL", "TOOL_RESULT",
+    "turn_start", "turn_end", "claimed_message", "request_header", "text_chunk",
+    "tool_call_chunk", "assistant_message", "tool_call", "tool_result",
+    "ClaimedMessageData", "AssistantMessageData", "ToolCallData", "ToolResultData",
+    "TurnEndData", "ChunkData", "RequestHeaderData",
+]
+
+TURN_START: Final = "turn/start"
+TURN_END: Final = "turn/end"
+USER_MESSAGE: Final = "user/message"
+STEERING_MESSAGE: Final = "steering/message"
+REQUEST_HEADER: Final = "request/header"
+ASSISTANT_CHUNK: Final = "assistant/chunk"
+ASSISTANT_MESSAGE: Final = "assistant/message"
+TOOL_CALL: Final = "tool/call"
+TOOL_RESULT: Final = "tool/result"
+
+
+# --- payloads, for readers ---------------------------------------------------------------------
+
+
+class ClaimedMessageData(TypedDict):
+    message_id: str
+    content: Content
+    source: JSON
+
+
+class RequestHeaderData(TypedDict):
+    step: int
+    provider: str | None
+    model: str | None
+    config: FrozenDict
+    adapter_defaults: tuple[str, ...]
+
+
+class ChunkData(TypedDict, total=False):
+    step: int
+    kind: Literal["text", "reasoning", "tool_call"]
+    delta: str | FrozenDict
+    repaired: bool
+
+
+class AssistantMessageData(TypedDict, total=False):
+    step: int | None
+    content: str
+    reasoning: str | None
+    reasoning_signature: str | None
+    tool_calls: tuple[FrozenDict, ...]
+    source_event_seqs: tuple[int, ...]
+    finish_reason: str | None
+    usage: FrozenDict | None
+    interrupted: bool
+    renamed_tool_call_ids: tuple[FrozenDict, ...]
+
+
+class ToolCallData(TypedDict):
+    call_id: str
+    name: str
+    arguments: FrozenDict | str
+
+
+class ToolResultData(TypedDict, total=False):
+    call_id: str
+    name: str
+    content: JSON
+    is_error: bool
+    error_code: str | None
+    repaired: bool
+
+
+class TurnEndData(TypedDict, total=False):
+    turn: int
+    reason: str
+    cause: str
+    error: FrozenDict
+
+
+# --- builders, for writers ---------------------------------------------------------------------
+
+
+def turn_start(turn: int) -> FrozenDict:
+    return FrozenDict(turn=turn)
+
+
+def turn_end(
+    turn: int, reason: str, *, cause: str | None = None, error: FrozenDict | None = None
+) -> FrozenDict:
+    fields: dict[str, JSON] = {"turn": turn, "reason": reason}
+    if cause is not None:
+        fields["cause"] = cause
+    if error is not None:
+        fields["error"] = error
+    return FrozenDict(fields)
+
+
+def claimed_message(message_id: str, content: Content, source: JSON) -> FrozenDict:
+    """The payload of ``user/message`` and ``steering/message``."""
+    return FrozenDict(message_id=message_id, content=content, source=source)
+
+
+def request_header(
+    step: int, config: FrozenDict, adapter_defaults: tuple[str, ...]
+) -> FrozenDict:
+    return FrozenDict(
+        step=step,
+        provider=config["provider"],
+        model=config["model"],
+        config=config,
+        adapter_defaults=adapter_defaults,
+    )
+
+
+def text_chunk(step: int, kind: str, delta: str, *, repaired: bool = False) -> FrozenDict:
+    """An ``assistant/chunk`` of text or reasoning (the per-chunk path: one dict)."""
+    if repaired:
+        return FrozenDict(step=step, kind=kind, delta=delta, repaired=True)
+    return FrozenDict(step=step, kind=kind, delta=delta)
+
+
+def tool_call_chunk(
+    step: int, index: int, call_id: str | None, name: str | None, arguments: str,
+    *, repaired: bool = False,
+) -> FrozenDict:
+    delta = FrozenDict(index=index, id=call_id, name=name, arguments=arguments)
+    if repaired:
+        delta = FrozenDict(delta, repaired=True)
+    return FrozenDict(step=step, kind="tool_call", delta=delta)
+
+
+def assistant_message(
+    *,
+    step: int | None,
+    content: str,
+    reasoning: str | None,
+    reasoning_signature: str | None,
+    tool_calls: tuple[ToolCall, ...],
+    source_event_seqs: tuple[int, ...],
+    finish_reason: str | None,
+    usage: FrozenDict | None,
+    interrupted: bool,
+    renamed: tuple[FrozenDict, ...] = (),
+) -> FrozenDict:
+    """The completion anchor: final, interrupted (cancel) and crash-recovered alike."""
+    fields = FrozenDict(
+        step=step,
+        content=content,
+        reasoning=reasoning,
+        reasoning_signature=reasoning_signature,
+        tool_calls=tuple(c.to_json() for c in tool_calls),
+        source_event_seqs=source_event_seqs,
+        finish_reason=finish_reason,
+        usage=usage,
+        interrupted=interrupted,
+    )
+    if renamed:
+        return FrozenDict(fields, renamed_tool_call_ids=renamed)
+    return fields
+
+
+def tool_call(call: ToolCall) -> FrozenDict:
+    return FrozenDict(call_id=call.id, name=call.name, arguments=call.arguments)
+
+
+def tool_result(
+    call: ToolCall, content: JSON, *, is_error: bool, error_code: str | None,
+    repaired: bool = False,
+) -> FrozenDict:
+    fields = FrozenDict(
+        call_id=call.id, name=call.name, content=content, is_error=is_error,
+        error_code=error_code,
+    )
+    return FrozenDict(fields, repaired=True) if repaired else fields

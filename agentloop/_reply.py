@@ -1,0 +1,202 @@
+"""One model stream folded into the log: a chunk per delta, then the completion anchor.
+
+The fold owns the state of one reply (text, reasoning, tool-call fragments, the seqs it
+cites) and writes exactly one ``assistant/message`` for it: the final anchor, or, when the
+stream is cancelled after the user saw something, an interrupted anchor citing exactly the
+visible chunks (the crash-recovery anchor in ``_session`` has the same shape, from the same
+builder).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Final
+
+import attrs
+import trio
+
+from . import _log
+from ._errors import InvalidContent, ProviderError
+from ._json import FrozenDict, freeze, freeze_repaired, repair_text, text_problem
+from ._model import Finish, ReasoningDelta, StreamPart, TextDelta, ToolCall, ToolCallDelta
+from ._session import Session
+
+__all__ = ["StepOutcome", "fold_stream"]
+
+_FINISH: Final = {
+    "stop": "stop",
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "length": "max_tokens",
+    "max_tokens": "max_tokens",
+    "tool_calls": "tool_calls",
+    "tool_use": "tool_calls",
+    "function_call": "tool_calls",
+}
+
+
+@attrs.frozen(slots=True)
+class StepOutcome:
+    finish_reason: str
+    text: str
+    tool_calls: tuple[ToolCall, ...]
+
+
+@attrs.define(slots=True, eq=False)
+class _CallParts:
+    """The fragments of one streamed tool call, by its index in the stream."""
+
+    id: str | None
+    name: str | None
+    fragments: list[str]
+
+    def build(self) -> ToolCall:
+        raw = "".join(self.fragments)
+        arguments: FrozenDict | str = raw
+        if not raw.strip():
+            arguments = FrozenDict()
+        else:
+            try:
+                parsed = json.loads(raw)
+            except (ValueError, RecursionError):
+                pass  # kept as text; the scheduler answers it with INVALID_ARGUMENTS
+            else:
+                if isinstance(parsed, dict):
+                    # A lone surrogate from a JSON escape is repaired like provider text;
+                    # what cannot be stored at all (1e400, too deep) stays text.
+                    with contextlib.suppress(InvalidContent):
+                        frozen = freeze_repaired(parsed)[0]
+                        assert isinstance(frozen, FrozenDict)
+                        arguments = frozen
+        return ToolCall(self.id or f"call_{uuid.uuid4().hex[:24]}", self.name or "", arguments)
+
+
+def _repaired(value: str | None) -> str | None:
+    return None if value is None else repair_text(value)
+
+
+async def fold_stream(
+    session: Session, turn: int, step: int, stream: AsyncIterator[StreamPart]
+) -> StepOutcome:
+    """Log every part of ``stream`` for ``step`` of ``turn`` and anchor the reply."""
+    append = session.append
+    text: list[str] = []
+    reasoning: list[str] = []
+    signature: str | None = None
+    seqs: list[int] = []
+    visible: list[int] = []
+    calls: dict[int, _CallParts] = {}
+    finish: Finish | None = None
+    try:
+        closing = (
+            contextlib.aclosing(stream) if hasattr(stream, "aclose")  # type: ignore[type-var]
+            else contextlib.nullcontext(stream)
+        )
+        async with closing:
+            async for part in stream:
+                cls = type(part)
+                if cls is TextDelta or cls is ReasoningDelta:
+                    is_text = cls is TextDelta
+                    if not is_text:
+                        assert isinstance(part, ReasoningDelta)
+                        signature = part.signature or signature
+                    assert isinstance(part, (TextDelta, ReasoningDelta))
+                    delta = part.text
+                    if not delta:
+                        continue
+                    kind = "text" if is_text else "reasoning"
+                    if delta.isascii() or text_problem(delta) is None:
+                        chunk = _log.text_chunk(step, kind, delta)
+                    else:
+                        # A provider's lone surrogate (a JSON "\ud83d" escape) could never be
+                        # stored or sent again: repaired, and the repair noted.
+                        delta = repair_text(delta)
+                        chunk = _log.text_chunk(step, kind, delta, repaired=True)
+                    seq = append(_log.ASSISTANT_CHUNK, chunk, turn).seq
+                    seqs.append(seq)
+                    visible.append(seq)
+                    (text if is_text else reasoning).append(delta)
+                elif cls is ToolCallDelta:
+                    assert isinstance(part, ToolCallDelta)
+                    call_id, name, fragment = part.id, part.name, part.arguments
+                    repaired = False
+                    if not (fragment.isascii() and (name is None or name.isascii())
+                            and (call_id is None or call_id.isascii())):
+                        fixed = (_repaired(call_id), _repaired(name), repair_text(fragment))
+                        repaired = fixed != (call_id, name, fragment)
+                        call_id, name, fragment = fixed
+                    acc = calls.get(part.index)
+                    if acc is None:
+                        acc = calls[part.index] = _CallParts(call_id, name, [])
+                    else:
+                        acc.id = acc.id or call_id
+                        acc.name = acc.name or name
+                    acc.fragments.append(fragment)
+                    chunk = _log.tool_call_chunk(
+                        step, part.index, call_id, name, fragment, repaired=repaired
+                    )
+                    seqs.append(append(_log.ASSISTANT_CHUNK, chunk, turn).seq)
+                elif cls is Finish:
+                    assert isinstance(part, Finish)
+                    finish = part
+                    break
+                else:
+                    raise ProviderError(
+                        f"the adapter yielded {part!r}, which is not a stream part",
+                        code="invalid_stream",
+                    )
+    except trio.Cancelled:
+        if visible:
+            # What the user already saw stays: an interrupted anchor cites exactly it.
+            append(
+                _log.ASSISTANT_MESSAGE,
+                _log.assistant_message(
+                    step=step, content="".join(text), reasoning="".join(reasoning) or None,
+                    reasoning_signature=signature, tool_calls=(),
+                    source_event_seqs=tuple(visible), finish_reason=None, usage=None,
+                    interrupted=True,
+                ),
+                turn,
+            )
+        raise
+    if finish is None:
+        raise ProviderError("the model stream ended without a finish", code="incomplete_stream")
+    tool_calls = tuple(acc.build() for _, acc in sorted(calls.items()))
+    renamed: list[FrozenDict] = []
+    if tool_calls:
+        tool_calls = _unique_ids(session, tool_calls, renamed)
+    reason = _FINISH.get(finish.reason, finish.reason)
+    content = "".join(text)
+    usage = freeze(dict(finish.usage)) if finish.usage else None
+    assert usage is None or isinstance(usage, FrozenDict)
+    append(
+        _log.ASSISTANT_MESSAGE,
+        _log.assistant_message(
+            step=step, content=content, reasoning="".join(reasoning) or None,
+            reasoning_signature=signature, tool_calls=tool_calls,
+            source_event_seqs=tuple(seqs), finish_reason=reason, usage=usage,
+            interrupted=False, renamed=tuple(renamed),
+        ),
+        turn,
+    )
+    return StepOutcome(reason, content, tool_calls)
+
+
+def _unique_ids(
+    session: Session, calls: tuple[ToolCall, ...], renamed: list[FrozenDict]
+) -> tuple[ToolCall, ...]:
+    """Calls with ids no earlier call of the session (or this step) has: providers refuse a
+    history that repeats one. Renames keep the model's id on record."""
+    taken: set[str] = set()
+    out: list[ToolCall] = []
+    for call in calls:
+        unique = session.unique_call_id(call.id, taken)
+        if unique != call.id:
+            renamed.append(FrozenDict(id=unique, original_id=call.id))
+            call = attrs.evolve(call, id=unique)
+        taken.add(unique)
+        out.append(call)
+    return tuple(out)
