@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ._persistence import SessionPersistence
     from ._runtime import Runtime
     from ._settings import Settings
+    from .llm import ModelAdapter
 
 __all__ = ["Context", "EventsFacade", "LLMFacade", "PromptFacade"]
 
@@ -172,18 +173,21 @@ class LLMFacade:
         self._ctx = ctx
         self._service: LLMService = ctx.runtime.llm
 
-    def register(self, provider: str, adapter: Any) -> Disposer:
-        """Serve calls for ``provider`` with ``adapter`` until the scope closes."""
+    def register(self, provider: str, adapter: ModelAdapter) -> Disposer:
+        """Serve calls for ``provider`` with ``adapter`` until the scope closes.
+
+        An object with a ``stream`` method that is not a :class:`agentloop.llm.ModelAdapter`
+        is accepted too; an object without one raises ``TypeError``.
+        """
         return self._ctx.track(self._service.register(provider, adapter))
 
-    def adapter(self, provider: str) -> Any | None:
+    def adapter(self, provider: str) -> ModelAdapter | None:
+        """The adapter serving ``provider`` now, or ``None``."""
         return self._service.adapter(provider)
 
     def providers(self) -> list[str]:
+        """The provider names that have an adapter, sorted."""
         return self._service.providers()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._service, name)
 
 
 class PromptFacade:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import attrs
 import trio
@@ -12,29 +11,58 @@ from ._bus import Disposer, EventBus
 from ._errors import ProviderError
 from ._events import LlmStream
 from ._model import CallConfig, LLMRequest, StreamPart
-from .llm._base import AdapterDefaults, validate_config
+from .llm._base import ModelAdapter, as_adapter
 
 __all__ = ["LLMService", "PreparedCall", "Registration"]
 
 
-@attrs.define(eq=False, slots=True)
+@attrs.frozen(eq=False, slots=True)
 class Registration:
     """One adapter registered for one provider route (identity matters, not value)."""
 
     provider: str
-    adapter: Any
+    adapter: ModelAdapter
 
 
 @attrs.frozen(slots=True)
 class PreparedCall:
-    """A call config with adapter defaults filled, pinned to the exact registration."""
+    """A call config with adapter defaults filled, pinned to the exact registration.
+
+    Attributes:
+        config: the effective config: the proposal with the adapter's defaults filled in,
+            already validated by the adapter.
+        registration: the registration that serves the call, or ``None`` when no adapter
+            served the route at preparation (an ``llm/stream`` handler may still serve it).
+        adapter_defaults: the names of the fields filled from the adapter's defaults.
+    """
 
     config: CallConfig
     registration: Registration | None
     adapter_defaults: tuple[str, ...]
+    _service: LLMService = attrs.field(repr=False, eq=False)
 
+    async def open(self, request: LLMRequest, *, agent_id: str) -> AsyncIterator[StreamPart]:
+        """The stream of parts for ``request``: an ``llm/stream`` handler's, else the adapter's.
 
-_DEFAULTABLE = ("reasoning_effort", "max_tokens")
+        ``request.config`` should be :attr:`config`. The adapter is the one pinned at
+        preparation, even if the route was re-registered or disposed since. ``agent_id`` is
+        the agent the call is made for, as the ``llm/stream`` hook reports it.
+
+        Raises:
+            ProviderError: ``code="NO_ADAPTER"`` when neither an adapter nor a handler serves it.
+        """
+        bus = self._service._bus
+        if bus.has_listeners(LlmStream):
+            served = await bus.emit(LlmStream(agent_id, request, self.registration is not None))
+            if served is not None:
+                return _as_iterator(served)
+        if self.registration is None:
+            raise ProviderError(
+                f"no adapter is registered for provider {request.config.provider!r} "
+                f"(registered: {', '.join(self._service.providers()) or 'none'})",
+                code="NO_ADAPTER",
+            )
+        return self.registration.adapter.stream(request)
 
 
 class LLMService:
@@ -44,13 +72,15 @@ class LLMService:
         self._bus = bus
         self._routes: dict[str, list[Registration]] = {}
 
-    def register(self, provider: str, adapter: Any) -> Disposer:
-        """Serve calls whose config names ``provider`` with ``adapter``."""
+    def register(self, provider: str, adapter: ModelAdapter) -> Disposer:
+        """Serve calls whose config names ``provider`` with ``adapter``.
+
+        An object that is not a :class:`ModelAdapter` but has a ``stream`` method is adopted
+        (see :func:`agentloop.llm._base.as_adapter`); anything else raises ``TypeError``.
+        """
         if not isinstance(provider, str) or not provider:
             raise ValueError(f"provider must be a non-empty string, got {provider!r}")
-        if not callable(getattr(adapter, "stream", None)):
-            raise TypeError(f"{adapter!r} has no stream(request) method; it is not an adapter")
-        reg = Registration(provider, adapter)
+        reg = Registration(provider, as_adapter(adapter))
         self._routes.setdefault(provider, []).append(reg)
 
         def dispose() -> None:
@@ -65,52 +95,40 @@ class LLMService:
     def providers(self) -> list[str]:
         return sorted(self._routes)
 
-    def adapter(self, provider: str) -> Any | None:
+    def adapter(self, provider: str) -> ModelAdapter | None:
+        """The adapter serving ``provider`` now (an adopted object's wrapper, for one)."""
         regs = self._routes.get(provider)
         return regs[-1].adapter if regs else None
 
     async def prepare_call(self, config: CallConfig) -> PreparedCall:
-        """Validate adapter-owned fields and fill the adapter's defaults.
+        """Fill the adapter's defaults into unset fields, then let the adapter validate.
 
-        Runs under the caller's cancel scope. With no adapter for the route the proposed
-        config is kept as is, so an ``llm/stream`` handler can still serve it.
+        The only place either happens: adapters stream the config they are given. Runs under
+        the caller's cancel scope. With no adapter for the route the proposed config is kept
+        as is, so an ``llm/stream`` handler can still serve it.
+
+        Raises:
+            ProviderError: from the adapter's ``validate`` (``code="invalid_config"``, ...).
         """
         # A cancellation point without a reschedule: the step yields plenty elsewhere.
         await trio.lowlevel.checkpoint_if_cancelled()
         regs = self._routes.get(config.provider or "")
         if not regs:
-            return PreparedCall(config, None, ())
+            return PreparedCall(config, None, (), self)
         reg = regs[-1]
-        validate_config(reg.adapter, config)
-        defaults: AdapterDefaults | None = getattr(reg.adapter, "defaults", None)
-        filled: dict[str, object] = {}
-        if defaults is not None:
-            for name in _DEFAULTABLE:
-                value = getattr(defaults, name)
-                if value is not None and getattr(config, name) is None:
-                    filled[name] = value
+        defaults = reg.adapter.defaults
+        effort, max_tokens = config.reasoning_effort, config.max_tokens
+        filled: list[str] = []
+        if effort is None and defaults.reasoning_effort is not None:
+            effort = defaults.reasoning_effort
+            filled.append("reasoning_effort")
+        if max_tokens is None and defaults.max_tokens is not None:
+            max_tokens = defaults.max_tokens
+            filled.append("max_tokens")
         if filled:
-            config = attrs.evolve(config, **filled)  # type: ignore[arg-type]
-        return PreparedCall(config, reg, tuple(filled))
-
-    async def open_stream(
-        self, prepared: PreparedCall, request: LLMRequest, agent_id: str
-    ) -> AsyncIterator[StreamPart]:
-        """The stream of parts for ``request``: an ``llm/stream`` handler's, else the adapter's."""
-        if self._bus.has_listeners(LlmStream):
-            served = await self._bus.emit(
-                LlmStream(agent_id, request, prepared.registration is not None)
-            )
-            if served is not None:
-                return _as_iterator(served)
-        if prepared.registration is None:
-            raise ProviderError(
-                f"no adapter is registered for provider {request.config.provider!r} "
-                f"(registered: {', '.join(self.providers()) or 'none'})",
-                code="NO_ADAPTER",
-            )
-        stream: AsyncIterator[StreamPart] = prepared.registration.adapter.stream(request)
-        return stream
+            config = attrs.evolve(config, reasoning_effort=effort, max_tokens=max_tokens)
+        reg.adapter.validate(config)
+        return PreparedCall(config, reg, tuple(filled), self)
 
 
 def _as_iterator(served: object) -> AsyncIterator[StreamPart]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, NewType, TypeAlias
+from typing import Any, Literal, NewType, TypeAlias, get_args
 
 import attrs
 
@@ -40,6 +40,7 @@ Content: TypeAlias = "str | tuple[JSON, ...]"
 FinishReason: TypeAlias = Literal[
     "stop", "tool_calls", "max_tokens", "content_filter", "refusal", "error"
 ]
+"""Why a model call ended, in the runtime's vocabulary (adapters map their provider's)."""
 
 
 def content_text(content: object) -> str:
@@ -224,11 +225,44 @@ class ToolCallDelta:
     arguments: str = ""
 
 
+_FINISH_REASONS: dict[str, FinishReason] = {
+    "stop": "stop",
+    "tool_calls": "tool_calls",
+    "max_tokens": "max_tokens",
+    "content_filter": "content_filter",
+    "refusal": "refusal",
+    "error": "error",
+    # Provider spellings that hand-written adapters and test doubles have long yielded; the
+    # shipped adapters map their whole vocabulary themselves and never rely on these.
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "length": "max_tokens",
+    "tool_use": "tool_calls",
+    "function_call": "tool_calls",
+}
+
+
+def _finish_reason(value: str) -> FinishReason:
+    reason = _FINISH_REASONS.get(value) if isinstance(value, str) else None
+    if reason is None:
+        allowed = ", ".join(repr(name) for name in get_args(FinishReason))
+        raise ValueError(
+            f"unknown finish reason {value!r}: a Finish reason is one of {allowed} (an "
+            f"adapter maps its provider's other reasons to one of these)"
+        )
+    return reason
+
+
 @attrs.frozen(slots=True)
 class Finish:
-    """The provider finished the call. ``usage`` maps token counters to ints, when known."""
+    """The provider finished the call. ``usage`` maps token counters to ints, when known.
 
-    reason: str
+    ``reason`` is always one of the :data:`FinishReason` values: the older provider spellings
+    ``"end_turn"``, ``"stop_sequence"``, ``"length"``, ``"tool_use"`` and ``"function_call"``
+    are normalised on construction, and anything else raises ``ValueError``.
+    """
+
+    reason: FinishReason = attrs.field(converter=_finish_reason)
     usage: Mapping[str, Any] | None = None
 
 

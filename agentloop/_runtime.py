@@ -299,13 +299,12 @@ def _register_providers(root: Context, cfg: Config) -> None:
 
     for name, provider in cfg.providers.items():
         key = provider.resolve_api_key(os.environ)
-        defaults = AdapterDefaults(
-            reasoning_effort=provider.reasoning_effort, max_tokens=provider.max_tokens
-        )
         cls = OpenAIChatAdapter if provider.kind == "openai" else AnthropicAdapter
-        if provider.kind == "anthropic" and defaults.max_tokens is None:
-            defaults = AdapterDefaults(reasoning_effort=provider.reasoning_effort, max_tokens=4096)
         try:
+            # Unset values stay unset: the adapter keeps its own fallback for them.
+            defaults = AdapterDefaults(
+                reasoning_effort=provider.reasoning_effort, max_tokens=provider.max_tokens
+            )
             adapter = cls(provider.base_url, api_key=key, headers=dict(provider.headers),
                           defaults=defaults)
         except ConfigError as exc:

@@ -2,7 +2,7 @@
 
 ``ScriptedModel`` plays back canned replies; ``FunctionModel`` streams whatever a function
 yields. Both are adapters (register them with ``ctx.llm.register(name, model)``) and record
-every request they receive in ``.requests``.
+every request they receive in ``.requests``, with the runtime's defaults already filled in.
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ import trio
 from ._errors import ProviderError
 from ._model import (
     Finish,
+    FinishReason,
     LLMRequest,
     ReasoningDelta,
     StreamPart,
     TextDelta,
     ToolCallDelta,
 )
-from .llm._base import AdapterDefaults
+from .llm._base import AdapterDefaults, ModelAdapter
 
 __all__ = [
     "ScriptedModel",
@@ -47,7 +48,7 @@ class Reply:
     text: str | None
     reasoning: str | None
     tool_calls: tuple[tuple[str, Mapping[str, Any] | str, str | None], ...]
-    finish: str
+    finish: FinishReason
     usage: Mapping[str, Any] | None
     chunk_size: int | None
     error: ProviderError | None = None
@@ -69,8 +70,9 @@ def reply(
         reasoning: reasoning text, streamed before the text.
         tool_calls: ``(name, arguments)`` or ``(name, arguments, call_id)``; arguments is a
             dict, or a raw string to simulate malformed model output.
-        finish: ``"stop"``, ``"tool_calls"`` or ``"max_tokens"``; defaults to ``"tool_calls"``
-            when there are tool calls, else ``"stop"``.
+        finish: a :class:`Finish` reason (``"stop"``, ``"tool_calls"``, ``"max_tokens"``,
+            ...); defaults to ``"tool_calls"`` when there are tool calls, else ``"stop"``.
+            An unknown reason raises ``ValueError`` here.
         usage: token counters reported with the finish.
         chunk_size: characters per text chunk.
     """
@@ -86,10 +88,9 @@ def reply(
         calls.append((name, arguments, call_id))
     if chunk_size is not None and chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size!r}")
-    return Reply(
-        text, reasoning, tuple(calls), finish or ("tool_calls" if calls else "stop"), usage,
-        chunk_size,
-    )
+    # Normalised now, so that a bad reason fails where the script is written, not mid-turn.
+    reason = Finish(finish).reason if finish else ("tool_calls" if calls else "stop")
+    return Reply(text, reasoning, tuple(calls), reason, usage, chunk_size)
 
 
 def fail(error: ProviderError) -> Reply:
@@ -109,7 +110,7 @@ def _render_arguments(arguments: Mapping[str, Any] | str) -> str:
     return arguments if isinstance(arguments, str) else json.dumps(arguments)
 
 
-class ScriptedModel:
+class ScriptedModel(ModelAdapter):
     """An adapter that answers each call with the next scripted :class:`Reply`.
 
     Replies may also be plain strings (text replies) or ``ProviderError`` instances (a failed
@@ -189,11 +190,12 @@ async def _play(r: Reply) -> AsyncIterator[StreamPart]:
     yield Finish(r.finish, r.usage)
 
 
-class FunctionModel:
+class FunctionModel(ModelAdapter):
     """An adapter backed by ``fn(request) -> AsyncIterator[part]``.
 
     ``fn`` may be an async generator function; raising ``ProviderError`` inside it is a
-    provider failure.
+    provider failure. Its :class:`Finish` reasons are checked when it builds them (see
+    :class:`Finish`).
     """
 
     def __init__(

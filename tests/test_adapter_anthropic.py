@@ -6,14 +6,18 @@ import contextlib
 import json
 from typing import Any
 
+import attrs
 import loopback
 import pytest
 import trio
 from loopback import Hang, serve
 
+from agentloop._bus import EventBus
 from agentloop._errors import ProviderError
 from agentloop._json import freeze
+from agentloop._llm import LLMService
 from agentloop._model import (
+    CallConfig,
     Finish,
     LLMRequest,
     Message,
@@ -35,11 +39,22 @@ frozen = freeze
 
 
 def make_request(*args: Any, **config: Any) -> LLMRequest:
+    """A full config, as prepare_call hands it over (the adapter fills nothing itself)."""
     config.setdefault("model", "claude-test")
+    config.setdefault("max_tokens", 4096)
     return loopback.make_request(*args, **config)
 
 
 collect = loopback.collect
+
+
+async def collect_prepared(adapter: AnthropicAdapter, request: LLMRequest) -> list[StreamPart]:
+    """One call as the runtime makes it: defaults filled and validated once, then streamed."""
+    service = LLMService(EventBus())
+    service.register("p", adapter)
+    prepared = await service.prepare_call(attrs.evolve(request.config, provider="p"))
+    stream = await prepared.open(attrs.evolve(request, config=prepared.config), agent_id="a")
+    return [part async for part in stream]
 
 
 async def run(handler: loopback.Handler, request: LLMRequest | None = None) -> list[StreamPart]:
@@ -306,7 +321,16 @@ async def test_tool_indexes_count_tool_calls_not_blocks() -> None:
 
 @pytest.mark.parametrize(
     ("raw", "mapped"),
-    [("stop_sequence", "stop"), ("max_tokens", "max_tokens"), ("pause_turn", "pause_turn")],
+    [
+        ("end_turn", "stop"),
+        ("stop_sequence", "stop"),
+        ("tool_use", "tool_calls"),
+        ("max_tokens", "max_tokens"),
+        ("model_context_window_exceeded", "max_tokens"),
+        ("refusal", "refusal"),
+        ("pause_turn", "error"),
+        ("a_reason_from_the_future", "error"),
+    ],
 )
 async def test_stop_reasons(raw: str, mapped: str) -> None:
     events = [message_start(), *text_block(0, "x"), *message_end(raw)]
@@ -551,8 +575,11 @@ async def test_max_tokens_from_config_and_defaults() -> None:
         async with serve(loopback.sse_body(body)) as server:
             await collect(AnthropicAdapter(server.url), make_request(max_tokens=10))
             small = AdapterDefaults(max_tokens=64)
-            await collect(AnthropicAdapter(server.url, defaults=small), make_request())
-    explicit, defaulted = (r.json() for r in server.requests)
+            await collect_prepared(
+                AnthropicAdapter(server.url, defaults=small), make_request(max_tokens=None)
+            )
+            await collect_prepared(AnthropicAdapter(server.url), make_request(max_tokens=None))
+    explicit, defaulted, fallback = (r.json() for r in server.requests)
     assert explicit == {
         "model": "claude-test",
         "max_tokens": 10,
@@ -560,7 +587,15 @@ async def test_max_tokens_from_config_and_defaults() -> None:
         "stream": True,
     }
     assert defaulted["max_tokens"] == 64
+    assert fallback["max_tokens"] == 4096
     assert "x-api-key" not in server.requests[0].headers
+
+
+def test_defaults_keep_the_max_tokens_fallback() -> None:
+    adapter = AnthropicAdapter(
+        "https://api.anthropic.com/v1", defaults=AdapterDefaults(reasoning_effort="low")
+    )
+    assert adapter.defaults == AdapterDefaults(reasoning_effort="low", max_tokens=4096)
 
 
 async def test_consecutive_steps_share_a_byte_identical_prefix() -> None:
@@ -582,10 +617,16 @@ async def test_consecutive_steps_share_a_byte_identical_prefix() -> None:
 # --- configuration and secrets --------------------------------------------------------------
 
 
-async def test_missing_model_is_rejected() -> None:
+async def test_missing_model_or_max_tokens_is_rejected_before_any_request() -> None:
     adapter = AnthropicAdapter("http://127.0.0.1:9/v1", api_key=KEY)
+    for config in (CallConfig(max_tokens=5), CallConfig(model="m")):
+        with pytest.raises(ProviderError) as info:
+            adapter.validate(config)
+        assert info.value.code == "invalid_config"
+    adapter.validate(CallConfig(model="m", max_tokens=5))
+    # Nothing listens on port 9: reaching it would fail with connection_error instead.
     with pytest.raises(ProviderError) as info:
-        await collect(adapter, make_request(model=None))
+        await collect_prepared(adapter, make_request(model=None))
     assert info.value.code == "invalid_config"
 
 

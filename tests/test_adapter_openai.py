@@ -6,14 +6,17 @@ import contextlib
 import json
 from typing import Any
 
+import attrs
 import httpx
 import loopback
 import pytest
 import trio
 from loopback import Hang, serve
 
+from agentloop._bus import EventBus
 from agentloop._errors import ProviderError
 from agentloop._json import freeze
+from agentloop._llm import LLMService
 from agentloop._model import (
     CallConfig,
     Finish,
@@ -48,6 +51,15 @@ def make_request(*args: Any, **config: Any) -> LLMRequest:
 
 
 collect = loopback.collect
+
+
+async def collect_prepared(adapter: OpenAIChatAdapter, request: LLMRequest) -> list[StreamPart]:
+    """One call as the runtime makes it: defaults filled and validated once, then streamed."""
+    service = LLMService(EventBus())
+    service.register("p", adapter)
+    prepared = await service.prepare_call(attrs.evolve(request.config, provider="p"))
+    stream = await prepared.open(attrs.evolve(request, config=prepared.config), agent_id="a")
+    return [part async for part in stream]
 
 
 async def run(handler: loopback.Handler, request: LLMRequest | None = None) -> list[StreamPart]:
@@ -329,6 +341,19 @@ async def test_refusal_text_and_reason() -> None:
     assert await run(loopback.sse_body(body)) == [TextDelta("I can't."), Finish("refusal", None)]
 
 
+@pytest.mark.parametrize(
+    ("raw", "mapped"),
+    [
+        ("function_call", "tool_calls"),
+        ("error", "error"),
+        ("insufficient_system_resource", "error"),
+    ],
+)
+async def test_finish_reasons_outside_the_common_ones(raw: str, mapped: str) -> None:
+    parts = await run(loopback.sse_body(loopback.sse(chunk(finish=raw), done=True)))
+    assert parts == [Finish(mapped)]
+
+
 async def test_error_object_inside_a_200_stream() -> None:
     error = {"error": {"message": "The server had an error", "type": "server_error", "code": None}}
     exc = await failure(loopback.sse_body(loopback.sse(chunk({"content": "par"}), error)))
@@ -557,8 +582,10 @@ async def test_minimal_body_and_defaults() -> None:
         async with serve(loopback.sse_body(body)) as server:
             await collect(OpenAIChatAdapter(server.url), make_request())
             defaults = AdapterDefaults(max_tokens=99, reasoning_effort="high")
-            await collect(OpenAIChatAdapter(server.url, defaults=defaults), make_request())
-    plain, defaulted = (r.json() for r in server.requests)
+            adapter = OpenAIChatAdapter(server.url, defaults=defaults)
+            await collect(adapter, make_request())
+            await collect_prepared(adapter, make_request())
+    plain, direct, prepared = (r.json() for r in server.requests)
     assert "authorization" not in server.requests[0].headers
     assert plain == {
         "model": "gpt-test",
@@ -566,7 +593,9 @@ async def test_minimal_body_and_defaults() -> None:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    assert (defaulted["max_tokens"], defaulted["reasoning_effort"]) == (99, "high")
+    # Defaults are filled by prepare_call only; the adapter sends the config it is given.
+    assert direct == plain
+    assert (prepared["max_tokens"], prepared["reasoning_effort"]) == (99, "high")
 
 
 async def test_consecutive_steps_share_a_byte_identical_prefix() -> None:
@@ -596,8 +625,9 @@ async def test_missing_model_is_rejected_before_any_request() -> None:
     with pytest.raises(ProviderError) as info:
         adapter.validate(CallConfig())
     assert info.value.code == "invalid_config"
+    # Nothing listens on port 9: reaching it would fail with connection_error instead.
     with pytest.raises(ProviderError) as info:
-        await collect(adapter, make_request(model=None))
+        await collect_prepared(adapter, make_request(model=None))
     assert info.value.code == "invalid_config"
     adapter.validate(CallConfig(model="m"))
 

@@ -1,8 +1,9 @@
 """Model adapters: the boundary between the loop and a provider's wire format.
 
 ``OpenAIChatAdapter`` speaks OpenAI-compatible chat completions (OpenAI, DeepSeek, vLLM,
-llama.cpp's server, Ollama); ``AnthropicAdapter`` speaks the Messages API. Any object with a
-``stream(request)`` method returning an async iterator of parts is an adapter.
+llama.cpp's server, Ollama); ``AnthropicAdapter`` speaks the Messages API. Other providers
+subclass ``ModelAdapter``; an object that only has a ``stream(request)`` method returning an
+async iterator of parts is accepted too.
 """
 
 from .._errors import ProviderError as ProviderError

@@ -7,7 +7,9 @@ from typing import Any, ClassVar
 
 from .._errors import ProviderError
 from .._model import (
+    CallConfig,
     Finish,
+    FinishReason,
     LLMRequest,
     Message,
     ReasoningDelta,
@@ -24,7 +26,7 @@ __all__ = ["AnthropicAdapter"]
 ANTHROPIC_VERSION = "2023-06-01"
 _FALLBACK_MAX_TOKENS = 4096
 
-_STOP_REASONS = {
+_STOP_REASONS: dict[str, FinishReason] = {
     "end_turn": "stop",
     "stop_sequence": "stop",
     "tool_use": "tool_calls",
@@ -43,18 +45,28 @@ class AnthropicAdapter(HTTPStreamAdapter):
         headers: extra request headers such as ``anthropic-beta`` (they win over the
             adapter's own).
         client: the ``httpx.AsyncClient`` to use; by default the runtime's pooled client.
-        defaults: values used when a call leaves them unset; ``max_tokens`` defaults to
-            4096 because the API requires it.
+        defaults: values the runtime fills in when a call leaves them unset; ``max_tokens``
+            is 4096 unless given, because the API requires it.
 
     Thinking blocks stream as reasoning parts (their signature as a reasoning part with empty
     text) and are replayed when an assistant message keeps both reasoning and signature.
     ``reasoning_effort`` has no direct equivalent here; pass ``thinking`` through
-    ``config.extra``, which is merged into the request body last.
+    ``config.extra``, which is merged into the request body last. A ``stop_reason`` this
+    adapter does not know (``pause_turn`` of server tools, ...) finishes the call with
+    ``"error"``.
     """
 
     _path: ClassVar[str] = "/messages"
     _kind: ClassVar[str] = "anthropic"
     _default_defaults: ClassVar[AdapterDefaults] = AdapterDefaults(max_tokens=_FALLBACK_MAX_TOKENS)
+
+    def validate(self, config: CallConfig) -> None:
+        """Also refuse a call without ``max_tokens``, which the Messages API requires."""
+        super().validate(config)
+        if config.max_tokens is None:
+            raise ProviderError(
+                f"{type(self).__name__}: no max_tokens configured", code="invalid_config"
+            )
 
     def _auth_headers(self, api_key: str) -> dict[str, str]:
         return {"x-api-key": api_key}
@@ -64,10 +76,9 @@ class AnthropicAdapter(HTTPStreamAdapter):
 
     def _body(self, request: LLMRequest) -> dict[str, Any]:
         config = request.config
-        body: dict[str, Any] = {
-            "model": config.model,
-            "max_tokens": config.max_tokens or self.defaults.max_tokens or _FALLBACK_MAX_TOKENS,
-        }
+        body: dict[str, Any] = {"model": config.model}
+        if config.max_tokens is not None:
+            body["max_tokens"] = config.max_tokens
         if request.system:
             body["system"] = request.system
         body["messages"] = _messages(request.messages)
@@ -157,7 +168,7 @@ def _tool(spec: ToolSpec) -> dict[str, Any]:
 class _MessagesDecoder:
     def __init__(self) -> None:
         self.done = False
-        self._reason: str | None = None
+        self._reason: FinishReason | None = None
         self._usage: dict[str, int] = {}
         # content block index -> running tool-call index
         self._tool_blocks: dict[int, int] = {}
@@ -182,7 +193,7 @@ class _MessagesDecoder:
             if isinstance(delta, Mapping):
                 reason = delta.get("stop_reason")
                 if isinstance(reason, str) and reason:
-                    self._reason = _STOP_REASONS.get(reason, reason)
+                    self._reason = _STOP_REASONS.get(reason, "error")
             self._usage.update(int_counters(data.get("usage")))
         elif kind == "message_stop":
             self.done = True

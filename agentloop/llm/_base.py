@@ -2,44 +2,120 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Protocol, runtime_checkable
+import abc
+from collections.abc import AsyncIterator, Callable
 
 import attrs
 
-from .._model import CallConfig, LLMRequest, StreamPart
+from .._model import (
+    CallConfig,
+    LLMRequest,
+    StreamPart,
+    _non_empty_str_or_none,
+    _positive_int_or_none,
+)
 
-__all__ = ["ModelAdapter", "AdapterDefaults"]
+__all__ = ["ModelAdapter", "AdapterDefaults", "as_adapter"]
 
 
 @attrs.frozen(slots=True, kw_only=True)
 class AdapterDefaults:
-    """Values an adapter fills into a call config when the request leaves them unset."""
+    """Values an adapter fills into a call config when the request leaves them unset.
 
-    reasoning_effort: str | None = None
-    max_tokens: int | None = None
-
-
-@runtime_checkable
-class ModelAdapter(Protocol):
-    """A model provider.
-
-    ``stream`` returns an async iterator of :data:`StreamPart` values (text, reasoning and
-    tool-call deltas, then exactly one :class:`Finish`). Provider failures raise
-    :class:`agentloop.ProviderError`. The runtime closes the iterator (``aclose``) when it
-    stops early, so an HTTP adapter must release its connection there.
-
-    Optional members the runtime uses when present:
-
-    - ``defaults: AdapterDefaults`` - values filled into unset config fields;
-    - ``validate(config: CallConfig) -> None`` - raise ``ProviderError`` on unsupported
-      adapter-owned fields (an unknown reasoning effort, ...).
+    Invalid values raise :class:`agentloop.ConfigError` here, not in the middle of a call.
     """
 
-    def stream(self, request: LLMRequest) -> AsyncIterator[StreamPart]: ...
+    reasoning_effort: str | None = attrs.field(default=None, validator=_non_empty_str_or_none)
+    max_tokens: int | None = attrs.field(default=None, validator=_positive_int_or_none)
 
 
-def validate_config(adapter: object, config: CallConfig) -> None:
-    check = getattr(adapter, "validate", None)
-    if check is not None:
-        check(config)
+_NO_DEFAULTS = AdapterDefaults()
+
+
+class ModelAdapter(abc.ABC):
+    """A model provider: subclass it and implement :meth:`stream`.
+
+    ``stream`` returns an async iterator of :data:`StreamPart` values (text, reasoning and
+    tool-call deltas, then exactly one :class:`Finish`, whose reason the adapter maps from its
+    provider's). Provider failures raise :class:`agentloop.ProviderError`. The runtime closes
+    the iterator (``aclose``) when it stops early, so an HTTP adapter must release its
+    connection there.
+
+    Before a call the runtime fills unset config fields from :attr:`defaults`, then passes
+    the filled config to :meth:`validate`, once; ``stream`` receives that config as it is and
+    does not check or fill it again.
+
+    An object that is not a subclass but has a ``stream`` method is accepted too: it is
+    adopted at registration (see :func:`as_adapter`).
+    """
+
+    defaults: AdapterDefaults = _NO_DEFAULTS
+    """Values filled into unset config fields (``max_tokens``, ``reasoning_effort``)."""
+
+    @abc.abstractmethod
+    def stream(self, request: LLMRequest) -> AsyncIterator[StreamPart]:
+        """The parts of one call, ending with one :class:`Finish`."""
+
+    def validate(self, config: CallConfig) -> None:  # noqa: B027 - optional, not abstract
+        """Raise ``ProviderError(code="invalid_config")`` when ``config`` cannot be served.
+
+        ``config`` already has :attr:`defaults` filled in. Accepting everything is the default.
+        """
+
+
+class _Adopted(ModelAdapter):
+    """An object with a ``stream`` method, seen as a :class:`ModelAdapter`.
+
+    What it lacks is filled in here, once, so nothing on the call path has to look for it.
+    """
+
+    def __init__(
+        self,
+        wrapped: object,
+        stream: Callable[[LLMRequest], AsyncIterator[StreamPart]],
+        defaults: AdapterDefaults,
+        validate: Callable[[CallConfig], object] | None,
+    ) -> None:
+        self.wrapped = wrapped
+        self.defaults = defaults
+        self._stream = stream
+        self._validate = validate
+
+    def __repr__(self) -> str:
+        return repr(self.wrapped)
+
+    def stream(self, request: LLMRequest) -> AsyncIterator[StreamPart]:
+        return self._stream(request)
+
+    def validate(self, config: CallConfig) -> None:
+        if self._validate is not None:
+            self._validate(config)
+
+
+def as_adapter(candidate: object) -> ModelAdapter:
+    """``candidate`` as a :class:`ModelAdapter`, checked once, when it is registered.
+
+    A subclass is returned as it is. Any other object with a callable ``stream`` is wrapped,
+    keeping its own ``defaults`` and ``validate`` if it has them (read now, not per call);
+    the wrapper's ``wrapped`` is the object. Anything else raises ``TypeError``.
+    """
+    if isinstance(candidate, ModelAdapter):
+        if not isinstance(candidate.defaults, AdapterDefaults):
+            raise TypeError(_bad_defaults(candidate, candidate.defaults))
+        return candidate
+    stream = getattr(candidate, "stream", None)
+    if not callable(stream):
+        raise TypeError(f"{candidate!r} has no stream(request) method; it is not an adapter")
+    defaults = getattr(candidate, "defaults", None)
+    if defaults is None:
+        defaults = _NO_DEFAULTS
+    elif not isinstance(defaults, AdapterDefaults):
+        raise TypeError(_bad_defaults(candidate, defaults))
+    validate = getattr(candidate, "validate", None)
+    if validate is not None and not callable(validate):
+        raise TypeError(f"{candidate!r}: validate must be a method, got {validate!r}")
+    return _Adopted(candidate, stream, defaults, validate)
+
+
+def _bad_defaults(adapter: object, defaults: object) -> str:
+    return f"{adapter!r}: defaults must be an AdapterDefaults, got {defaults!r}"

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 from .._errors import ProviderError
 from .._model import (
     Finish,
+    FinishReason,
     LLMRequest,
     Message,
     ReasoningDelta,
@@ -22,12 +23,13 @@ from ._wire import HTTPStreamAdapter, SSEEvent, dumps, error_fields, int_counter
 
 __all__ = ["OpenAIChatAdapter"]
 
-_FINISH_REASONS = {
+_FINISH_REASONS: dict[str, FinishReason] = {
     "stop": "stop",
     "length": "max_tokens",
     "tool_calls": "tool_calls",
     "function_call": "tool_calls",
     "content_filter": "content_filter",
+    "error": "error",
 }
 
 
@@ -40,11 +42,14 @@ class OpenAIChatAdapter(HTTPStreamAdapter):
         api_key: sent as ``Authorization: Bearer``; never shown in reprs or errors.
         headers: extra request headers (they win over the adapter's own).
         client: the ``httpx.AsyncClient`` to use; by default the runtime's pooled client.
-        defaults: values used when a call leaves ``max_tokens``/``reasoning_effort`` unset.
+        defaults: values the runtime fills in when a call leaves ``max_tokens`` or
+            ``reasoning_effort`` unset.
 
     ``reasoning_content`` deltas (DeepSeek, llama.cpp) become reasoning parts, and an assistant
     message's ``reasoning`` is sent back as ``reasoning_content``. ``config.extra`` is merged
-    into the request body last.
+    into the request body last. A ``finish_reason`` outside the OpenAI vocabulary (a
+    compatible server's own, such as DeepSeek's ``insufficient_system_resource``) finishes the
+    call with ``"error"``.
     """
 
     _path: ClassVar[str] = "/chat/completions"
@@ -64,12 +69,10 @@ class OpenAIChatAdapter(HTTPStreamAdapter):
             body["tools"] = [_tool(spec) for spec in request.tools]
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
-        max_tokens = config.max_tokens or self.defaults.max_tokens
-        if max_tokens is not None:
-            body["max_tokens"] = max_tokens
-        effort = config.reasoning_effort or self.defaults.reasoning_effort
-        if effort is not None:
-            body["reasoning_effort"] = effort
+        if config.max_tokens is not None:
+            body["max_tokens"] = config.max_tokens
+        if config.reasoning_effort is not None:
+            body["reasoning_effort"] = config.reasoning_effort
         body.update(config.extra)
         return body
 
@@ -130,7 +133,7 @@ def _usage(raw: object) -> dict[str, int] | None:
 class _ChatDecoder:
     def __init__(self) -> None:
         self.done = False
-        self._reason: str | None = None
+        self._reason: FinishReason | None = None
         self._usage: dict[str, int] | None = None
         self._refused = False
         # index -> (id sent, name sent): servers that repeat both in every delta exist.
@@ -157,7 +160,7 @@ class _ChatDecoder:
         parts = self._delta(choice.get("delta"))
         reason = choice.get("finish_reason")
         if isinstance(reason, str) and reason:
-            self._reason = _FINISH_REASONS.get(reason, reason)
+            self._reason = _FINISH_REASONS.get(reason, "error")
         return parts
 
     def _delta(self, delta: object) -> list[StreamPart]:

@@ -20,7 +20,7 @@ from httpx_sse import aconnect_sse
 from .._errors import ProviderError
 from .._http import client_for
 from .._model import CallConfig, Finish, LLMRequest, StreamPart
-from ._base import AdapterDefaults
+from ._base import AdapterDefaults, ModelAdapter
 from ._secrets import Secrets, check_api_key, check_headers, shown_url
 
 __all__ = [
@@ -229,7 +229,7 @@ def _retry_after(headers: httpx.Headers) -> float | None:
     return value if math.isfinite(value) and value >= 0 else None
 
 
-class HTTPStreamAdapter:
+class HTTPStreamAdapter(ModelAdapter):
     """Common machinery of the streaming HTTP adapters (subclasses give the wire format).
 
     The API key and ``headers`` are checked when the adapter is built: a value that is not a
@@ -257,7 +257,7 @@ class HTTPStreamAdapter:
         defaults: AdapterDefaults | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self.defaults = defaults if defaults is not None else self._default_defaults
+        self.defaults = _with_fallback(defaults, self._default_defaults)
         # The URL can hold secrets of its own (userinfo, an ``api-key`` query parameter).
         shown = Secrets.of(None, {}, self.base_url).scrub(shown_url(self.base_url))
         where = f"the {self._kind} adapter at {shown}"
@@ -272,7 +272,10 @@ class HTTPStreamAdapter:
         return f"{type(self).__name__}(base_url={self._clean(shown_url(self.base_url))!r})"
 
     def validate(self, config: CallConfig) -> None:
-        """Raise ``ProviderError(code="invalid_config")`` when the call cannot be made."""
+        """Raise ``ProviderError(code="invalid_config")`` when the call cannot be made.
+
+        The runtime calls it once per call, before :meth:`stream`, with defaults filled in.
+        """
         if config.model is None:
             raise ProviderError(
                 f"{type(self).__name__}: no model configured", code="invalid_config"
@@ -304,6 +307,9 @@ class HTTPStreamAdapter:
     async def stream(self, request: LLMRequest) -> AsyncIterator[StreamPart]:
         """Stream one model call: text, reasoning and tool-call deltas, then one Finish.
 
+        ``request.config`` is sent as it is: filling defaults and :meth:`validate` are the
+        runtime's job, done once before the call.
+
         Text is passed on as the provider sent it: a lone surrogate from a JSON escape stays
         (its other half may come in the next delta), and is repaired where the reply is put
         together; only the request body and error messages are repaired here.
@@ -312,7 +318,6 @@ class HTTPStreamAdapter:
             ProviderError: on an HTTP error status, a transport failure or timeout, an error
                 reported inside the stream, or a stream that is malformed or stops short.
         """
-        self.validate(request.config)
         url = f"{self.base_url}{self._path}"
         content = encode_body(self._body(request))
         decoder = self._decoder()
@@ -425,6 +430,20 @@ class HTTPStreamAdapter:
         return ProviderError(
             "expected an event stream, got a JSON document", code="malformed_stream"
         )
+
+
+def _with_fallback(given: AdapterDefaults | None, fallback: AdapterDefaults) -> AdapterDefaults:
+    # A provider entry that sets only reasoning_effort must not lose the adapter's own
+    # max_tokens fallback (Anthropic cannot be called without one).
+    if given is None:
+        return fallback
+    return AdapterDefaults(
+        reasoning_effort=(
+            given.reasoning_effort if given.reasoning_effort is not None
+            else fallback.reasoning_effort
+        ),
+        max_tokens=given.max_tokens if given.max_tokens is not None else fallback.max_tokens,
+    )
 
 
 async def _drain(chunks: AsyncIterator[bytes]) -> None:
