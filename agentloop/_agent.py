@@ -135,9 +135,9 @@ class Agent(metaclass=NoPublicConstructor):
 
     __slots__ = (
         "_announced", "_attached", "_cancel_cause", "_disposing", "_idle", "_inbox", "_lease",
-        "_needs_lease", "_nursery", "_proposal", "_published", "_quiescent", "_rt", "_scope",
-        "_specs", "_specs_version", "_status", "_teardown_requested", "_turn_scope",
-        "_wake_flag", "ctx", "cwd", "id", "options", "resumed", "session",
+        "_needs_lease", "_nursery", "_proposal", "_published", "_quiescent", "_rt", "_specs",
+        "_specs_version", "_status", "_teardown_requested", "_turn_scope", "_wake_flag", "ctx",
+        "cwd", "id", "options", "resumed", "session",
     )
 
     def __init__(
@@ -166,7 +166,6 @@ class Agent(metaclass=NoPublicConstructor):
         self._turn_scope: trio.CancelScope | None = None
         self._cancel_cause: str | None = None
         self._idle: trio.Event | None = None
-        self._scope = trio.CancelScope()  # the actor's: cancelled when disposal times out
         self._nursery: trio.Nursery | None = None
         self._announced = Latch()
         self._teardown_requested = False
@@ -329,12 +328,13 @@ class Agent(metaclass=NoPublicConstructor):
             self._turn_scope.cancel()
         self._inbox.close()
         if self._nursery is not None:
-            self._nursery.start_soon(self._grace)
+            self._set_grace(self._nursery)
 
-    async def _grace(self) -> None:
-        await trio.sleep(CLOSE_GRACE)
-        log.warning("agent %s ignored disposal for %ss; cancelling its scope", self.id, CLOSE_GRACE)
-        self._scope.cancel()
+    @staticmethod
+    def _set_grace(nursery: trio.Nursery) -> None:
+        # A deadline rather than a timer task: nothing to allocate per agent, nothing to stop.
+        scope = nursery.cancel_scope
+        scope.deadline = min(scope.deadline, trio.current_time() + CLOSE_GRACE)
 
     # --- the actor -----------------------------------------------------------------------
 
@@ -348,19 +348,19 @@ class Agent(metaclass=NoPublicConstructor):
         _current.set(self)
         rt = self._rt
         try:
+            # The actor's nursery: its cancel scope is the agent's, cancelled when disposal
+            # outlasts CLOSE_GRACE; tool tasks (and child actors) run under it.
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 if self._disposing:
-                    nursery.start_soon(self._grace)
-                try:
-                    with self._scope:
-                        if not self._attached:
-                            self._attached = True
-                            await rt.attach_persistence(self)
-                        await self._drive()
-                finally:
-                    # Ends the grace timer; children were disposed by the scope's close.
-                    nursery.cancel_scope.cancel()
+                    self._set_grace(nursery)
+                if not self._attached:
+                    self._attached = True
+                    await rt.attach_persistence(self)
+                await self._drive()
+            if nursery.cancel_scope.cancelled_caught:
+                log.warning("agent %s ignored disposal for %ss; its scope was cancelled",
+                            self.id, CLOSE_GRACE)
         except Exception as exc:
             # A failing agent is disposed and reported; the supervisor and every other agent
             # keep running.
@@ -554,7 +554,7 @@ class Agent(metaclass=NoPublicConstructor):
                     turn=turn.number,
                     step=step,
                 )
-                stream = await rt.llm.open_stream(prepared, request, self.id)
+                stream = await prepared.open(request, agent_id=self.id)
                 outcome = await fold_stream(self.session, turn.number, step, stream)
                 break
             except ProviderError as err:

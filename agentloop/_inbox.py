@@ -53,7 +53,7 @@ class InboxState:
         }
         # Ids of pending next-step messages that were sent to wake (steer): only those
         # continue a turn; an injection waits for the next step something else causes.
-        self.waking: set[str] = set()
+        self.waking: set[str] = _NO_IDS  # allocated on the first steer: agents are many
         # Unbounded, so send() never blocks.
         self.turn_tx, self.turn_rx = trio.open_memory_channel[InboxMessage](math.inf)
         self.step_tx, self.step_rx = trio.open_memory_channel[InboxMessage](math.inf)
@@ -64,6 +64,8 @@ class InboxState:
     def accept(self, message: InboxMessage, target: Target, *, wakeup: bool) -> None:
         """Insert an accepted message at the end of ``target`` and hand it to the actor."""
         if wakeup and target == "next-step":
+            if self.waking is _NO_IDS:
+                self.waking = set()
             self.waking.add(message.id)
         self.splice(target, len(self.pending[target]), 0, (message,), None)
         bus = self._bus
@@ -155,6 +157,9 @@ class InboxState:
         """No more input: ends an idle actor's wait on the next-turn channel."""
         self.turn_tx.close()
         self.step_tx.close()
+
+
+_NO_IDS: Final[set[str]] = set()  # shared and never written: see InboxState.accept
 
 
 def _drain(channel: trio.MemoryReceiveChannel[InboxMessage]) -> None:

@@ -30,7 +30,7 @@ from ._events import (
     ToolPreExecute,
     ToolResultEvent,
 )
-from ._json import FrozenDict, freeze, freeze_repaired
+from ._json import JSON, FrozenDict, freeze, freeze_repaired
 from ._model import ToolCall, ToolResult
 from ._schema import parse_arguments, validate_arguments
 from ._session import Session
@@ -284,11 +284,16 @@ def result_data(call: ToolCall, result: ToolResult) -> FrozenDict:
     """The ``tool/result`` payload. A tool's text is not ours to refuse: a lone surrogate (a
     file name from ``os.fsdecode``) becomes U+FFFD and ``repaired`` says so; content that is
     not JSON at all turns the result into an ``INVALID_RESULT`` error."""
+    content: JSON
     try:
-        content, repaired = freeze_repaired(result.content, path="content")
+        if isinstance(result.content, str) and result.content.isascii():
+            content, repaired = result.content, False  # the common case, without a walk
+        else:
+            content, repaired = freeze_repaired(result.content, path="content")
     except InvalidContent as exc:
-        content, repaired = f"Error: the tool returned content that is not JSON ({exc})", False
-        result = ToolResult(content, is_error=True, error_code="INVALID_RESULT")
+        text = f"Error: the tool returned content that is not JSON ({exc})"
+        content, repaired = text, False
+        result = ToolResult(text, is_error=True, error_code="INVALID_RESULT")
     return _log.tool_result(
         call, content, is_error=result.is_error, error_code=result.error_code, repaired=repaired
     )

@@ -183,7 +183,7 @@ class Session:
         # logged. Kept as events arrive, so closing a turn never rescans the log.
         self._unanswered: dict[str, tuple[ToolCall, bool]] = {}
         # Every call id the session has used: providers refuse a conversation that repeats one.
-        self._call_ids: set[str] = set()
+        self._call_ids: set[str] | None = None  # allocated with the first call
         self.turns = 0
         """The number of the last turn opened in this session."""
 
@@ -209,10 +209,11 @@ class Session:
     def unique_call_id(self, call_id: str, taken: set[str]) -> str:
         """``call_id``, or the first free ``f"{call_id}_{n}"`` (n from 2) if this session or
         ``taken`` already has it: deterministic, so a replayed stream gets the same ids."""
-        if call_id not in self._call_ids and call_id not in taken:
+        used = self._call_ids or ()
+        if call_id not in used and call_id not in taken:
             return call_id
         n = 2
-        while f"{call_id}_{n}" in self._call_ids or f"{call_id}_{n}" in taken:
+        while f"{call_id}_{n}" in used or f"{call_id}_{n}" in taken:
             n += 1
         return f"{call_id}_{n}"
 
@@ -222,6 +223,8 @@ class Session:
             if not event.data.get("interrupted"):
                 for call in tool_calls_of(event.data):
                     self._unanswered[call.id] = (call, False)
+                    if self._call_ids is None:
+                        self._call_ids = set()
                     self._call_ids.add(call.id)
         elif type_ == "tool/call":
             entry = self._unanswered.get(event.data["call_id"])
