@@ -261,7 +261,7 @@ class AgentsService:
 
     def __init__(self, ctx: Context) -> None:
         self._ctx = ctx
-        self._rt = ctx.runtime
+        self._rt = ctx._runtime
 
     def get(self, agent_id: str) -> Agent | None:
         """The live agent with this id (a bare ``Agent``: handles belong to their owners)."""
@@ -337,7 +337,7 @@ async def _transaction(
     *,
     resumed: bool,
 ) -> AgentHandle:
-    rt = owner.runtime
+    rt = owner._runtime
     rt.check_open()
     if options is not None and not isinstance(options, AgentOptions):
         raise TypeError(f"agent_options must be an AgentOptions, got {options!r}")
@@ -457,7 +457,7 @@ class AgentLoopService:
 
     def __init__(self, ctx: Context) -> None:
         self._ctx = ctx
-        self._rt = ctx.runtime
+        self._rt = ctx._runtime
 
     def create(
         self,

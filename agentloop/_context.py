@@ -47,7 +47,7 @@ class EventsFacade:
 
     def __init__(self, ctx: Context) -> None:
         self._ctx = ctx
-        self._bus = ctx.runtime.bus
+        self._bus = ctx._runtime.bus
 
     def on(self, cls: type[E], handler: Callable[[E], Any], *, priority: int = 0) -> Disposer:
         """Register a handler for ``cls``; the registration ends with this scope.
@@ -90,7 +90,7 @@ class EventsFacade:
                     except Exception:
                         log.exception("an async %s handler failed", cls.name)
 
-        self._ctx.runtime.system_nursery.start_soon(observe)
+        self._ctx._runtime.system_nursery.start_soon(observe)
 
         def stop() -> None:
             detach()
@@ -171,7 +171,7 @@ class LLMFacade:
 
     def __init__(self, ctx: Context) -> None:
         self._ctx = ctx
-        self._service: LLMService = ctx.runtime.llm
+        self._service: LLMService = ctx._runtime.llm
 
     def register(self, provider: str, adapter: ModelAdapter) -> Disposer:
         """Serve calls for ``provider`` with ``adapter`` until the scope closes.
@@ -195,7 +195,7 @@ class PromptFacade:
 
     def __init__(self, ctx: Context) -> None:
         self._ctx = ctx
-        self._prompt = ctx.runtime.prompt
+        self._prompt = ctx._runtime.prompt
 
     def set(self, text: str) -> Disposer:
         """Use ``text`` as the system prompt; ``{provider}``, ``{model}``, ``{cwd}`` are filled."""
@@ -231,7 +231,7 @@ class Context:
         self, runtime: Runtime, *, name: str, parent: Context | None = None,
         agent_id: str | None = None,
     ) -> None:
-        self.runtime = runtime
+        self._runtime = runtime
         self.name = name
         self.parent = parent
         self.agent_id = agent_id
@@ -255,7 +255,7 @@ class Context:
 
     @functools.cached_property
     def tools(self) -> ToolsFacade:
-        return ToolsFacade(self.runtime.tools, self.track, self.agent_id)
+        return ToolsFacade(self._runtime.tools, self.track, self.agent_id)
 
     @functools.cached_property
     def llm(self) -> LLMFacade:
@@ -267,15 +267,15 @@ class Context:
 
     @property
     def settings(self) -> Settings:
-        return self.runtime.settings
+        return self._runtime.settings
 
     @property
     def config(self) -> Config:
-        return self.runtime.config
+        return self._runtime.config
 
     @property
     def session_persistence(self) -> SessionPersistence | None:
-        return self.runtime.persistence
+        return self._runtime.persistence
 
     @property
     def agents(self) -> AgentsService:
@@ -293,11 +293,11 @@ class Context:
     def sessions(self) -> SessionsService:
         from ._agents import SessionsService
 
-        return SessionsService(self.runtime)
+        return SessionsService(self._runtime)
 
     def provide_persistence(self, backend: SessionPersistence) -> Disposer:
         """Install a session-persistence backend for as long as this scope lives."""
-        return self.track(self.runtime.install_persistence(backend))
+        return self.track(self._runtime.install_persistence(backend))
 
     # --- ownership -----------------------------------------------------------------------
 
@@ -334,7 +334,7 @@ class Context:
         """A nested scope, closed with this one (or earlier)."""
         if self._closed:
             raise RuntimeError(f"{self!r} is closed")
-        return Context(self.runtime, name=name, parent=self, agent_id=agent_id)
+        return Context(self._runtime, name=name, parent=self, agent_id=agent_id)
 
     async def aclose(self) -> None:
         """Dispose owned agents (to quiescence), close child scopes, undo registrations."""

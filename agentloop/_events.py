@@ -6,7 +6,8 @@ Three kinds of events travel on the bus:
   (``session/flush``) is an awaited hook that persistence answers;
 - **control** events report what happened (``agent/status``, ``agent/created``, inbox splices,
   ``llm/retry``, ...). They are dispatched synchronously, at the moment they happen, to plain
-  (non-async) handlers; use :meth:`Events.subscribe` to observe them from a task;
+  handlers; an async handler given to ``ctx.events.on`` runs as an ordered observer task, and
+  ``ctx.events.subscribe`` gives any task a typed memory channel of them;
 - **hooks** are awaited at the loop's checkpoints. Their mode says what a handler's return
   value means: ``notify`` (ignored), ``waterfall`` (a replacement for one field, passed on to
   the next handler) or ``decision`` (the first non-``None`` value wins and ends dispatch).

@@ -315,7 +315,7 @@ def _register_providers(root: Context, cfg: Config) -> None:
 async def _start_configured_agents(root: Context, cfg: Config) -> None:
     from ._agents import fresh_session_id
 
-    rt = root.runtime
+    rt = root._runtime
     for agent_cfg in cfg.agents:
         provider_cfg = cfg.providers.get(agent_cfg.provider) if agent_cfg.provider else None
         options = AgentOptions(

@@ -80,7 +80,7 @@ async def test_driving_an_unpublished_agent_is_an_error(rt, model) -> None:
         from agentloop._session import Session
 
         unpublished = Agent._create(
-            rt.runtime, Session("u", agentloop.FrozenDict(), rt.runtime.bus), OPTIONS
+            rt._runtime, Session("u", agentloop.FrozenDict(), rt._runtime.bus), OPTIONS
         )
         with pytest.raises(agentloop.AgentNotPublished, match="still being set up"):
             unpublished.followup("x")
@@ -317,7 +317,7 @@ async def test_shutdown_waits_for_an_in_flight_create() -> None:
         # the racing create settled before shutdown finished, and published nothing after it
         assert len(result) == 1
         assert isinstance(result[0], agentloop.RuntimeClosed)
-        assert rt.runtime.agents == {}
+        assert rt._runtime.agents == {}
 
 
 async def test_resume_without_persistence(rt) -> None:

@@ -187,7 +187,7 @@ def test_lifecycle_interleavings_keep_the_registry_and_pairing_sound(data: st.Da
                         await trio.sleep(data.draw(st.integers(0, 3), label="dt"))
                     ids = [a.id for a in rt.agents.list()]
                     assert len(ids) == len(set(ids))
-            assert rt.runtime.agents == {} and rt.runtime.sessions == {}
+            assert rt._runtime.agents == {} and rt._runtime.sessions == {}
         # every created agent was disposed exactly once, and nothing followed its disposal
         created: dict[str, int] = {}
         for name, who in trace:
