@@ -20,7 +20,7 @@ Layering (``tests/test_layering.py`` enforces it; a module imports its own layer
     context     _context                 Context and the ctx.* facades
     supervisor  _agents                  the supervisor actor, creation, handles
     driver      _agent                   the agent actor: inbox, run controls, turns
-    parts       _inbox _reply _scheduler pending input; one reply's fold; one step's tools
+    parts       _inbox _reply _run _scheduler   input; one reply; run handles; tools
     services    _session _llm _tools _settings _persistence _config
     bus         _bus _schema
     values      _log _events _model _json _errors _http _util

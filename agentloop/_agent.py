@@ -45,6 +45,7 @@ from ._model import (
     ToolSpec,
 )
 from ._reply import StepOutcome, fold_stream
+from ._run import RunControls
 from ._scheduler import close_unanswered, run_tool_calls
 from ._session import Session
 from ._util import NoPublicConstructor
@@ -126,7 +127,7 @@ class _Turn:
 
 
 @final
-class Agent(metaclass=NoPublicConstructor):
+class Agent(RunControls, metaclass=NoPublicConstructor):
     """A live agent. Obtain one from ``ctx.agents.create`` / ``ctx.agent_loop.create``.
 
     ``id`` equals its session's id. Everything it does is recorded in ``session.events`` and
@@ -352,12 +353,17 @@ class Agent(metaclass=NoPublicConstructor):
             # outlasts CLOSE_GRACE; tool tasks (and child actors) run under it.
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                if self._disposing:
-                    self._set_grace(nursery)
-                if not self._attached:
-                    self._attached = True
-                    await rt.attach_persistence(self)
-                await self._drive()
+                try:
+                    if self._disposing:
+                        self._set_grace(nursery)
+                    if not self._attached:
+                        self._attached = True
+                        await rt.attach_persistence(self)
+                    await self._drive()
+                finally:
+                    # Inside the nursery, so what the agent owns (the child actors that run
+                    # here) is disposed to quiescence before the nursery waits for them.
+                    await self._close_scope()
             if nursery.cancel_scope.cancelled_caught:
                 log.warning("agent %s ignored disposal for %ss; its scope was cancelled",
                             self.id, CLOSE_GRACE)
@@ -367,13 +373,17 @@ class Agent(metaclass=NoPublicConstructor):
             log.error("agent %s failed and is disposed: %r", self.id, exc, exc_info=exc)
         finally:
             self._nursery = None
-            self._stop()
+            await self._close_scope()  # memoized: a no-op unless the nursery never opened
             with trio.move_on_after(CLOSE_GRACE, shield=True):
-                await self._flush(self.session.last_seq)
-                if self.ctx is not None:
-                    await self.ctx.aclose()
                 await rt.release_persistence(self)
             rt.supervisor.detach(self)
+
+    async def _close_scope(self) -> None:
+        self._stop()
+        with trio.move_on_after(CLOSE_GRACE, shield=True):
+            await self._flush(self.session.last_seq)
+            if self.ctx is not None:
+                await self.ctx.aclose()
 
     async def _drive(self) -> None:
         inbox = self._inbox

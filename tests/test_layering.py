@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("context", {"_context"}),
     ("supervisor", {"_agents"}),
     ("driver", {"_agent"}),
-    ("parts", {"_inbox", "_reply", "_scheduler"}),
+    ("parts", {"_inbox", "_reply", "_run", "_scheduler"}),
     ("services", {"_session", "_llm", "_tools", "_settings", "_persistence", "_config"}),
     ("bus", {"_bus", "_schema"}),
     ("values", {"_log", "_events", "_model", "_json", "_errors", "_http", "_util"}),
