@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import math
 import uuid
 from typing import TYPE_CHECKING, Final, Literal, final
 
@@ -42,18 +43,21 @@ from ._model import (
     InboxMessage,
     LLMRequest,
     MessageId,
+    PendingApproval,
     ToolSpec,
 )
 from ._reply import StepOutcome, fold_stream
 from ._run import RunControls
-from ._scheduler import close_unanswered, run_tool_calls
+from ._scheduler import Answer, close_unanswered, run_suspended_calls, run_tool_calls
 from ._session import Session
+from ._settings import APPROVAL_TIMEOUT
 from ._util import NoPublicConstructor
 
 if TYPE_CHECKING:
     from ._agents import LeaseClaim
     from ._context import Context
     from ._runtime import Runtime
+    from ._scheduler import _Run
 
 __all__ = ["Agent", "current_agent", "Status"]
 
@@ -63,6 +67,10 @@ Status = Literal["idle", "running", "disposed"]
 
 # Closing a turn (turn/end + flush) and a disposal flush run shielded, bounded by this.
 CLOSE_GRACE: Final = 30.0
+
+# Wakes an idle actor without input (an answer to a suspended approval); never claimed,
+# since claims take content from the inbox lists, not from the channel.
+_WAKE: Final = InboxMessage(MessageId(""), "")
 
 _current: contextvars.ContextVar[Agent | None] = contextvars.ContextVar(
     "agentloop_current_agent", default=None
@@ -135,10 +143,11 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
     """
 
     __slots__ = (
-        "_announced", "_attached", "_cancel_cause", "_disposing", "_idle", "_inbox", "_lease",
-        "_needs_lease", "_nursery", "_proposal", "_published", "_quiescent", "_rt", "_specs",
-        "_specs_version", "_status", "_teardown_requested", "_turn_scope", "_wake_flag", "ctx",
-        "cwd", "id", "options", "resumed", "session",
+        "_announced", "_answers", "_attached", "_blocked", "_cancel_cause", "_disposing",
+        "_idle", "_inbox", "_lease", "_needs_lease", "_nursery", "_parked_run", "_parked_since",
+        "_proposal", "_published", "_quiescent", "_rt", "_specs", "_specs_version", "_status",
+        "_teardown_requested", "_turn_scope", "_wake_flag", "ctx", "cwd", "id", "options",
+        "resumed", "session",
     )
 
     def __init__(
@@ -181,6 +190,14 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         self._specs: tuple[ToolSpec, ...] = ()
         self._needs_lease = False
         self._lease: LeaseClaim | None = None  # its claim on the session's persistence lease
+        # Approvals: answers not yet applied by the driver, the tool run that holds parked
+        # calls (None while the agent is idle or between steps), when each parked call
+        # started waiting in this process (its approval_timeout counts from there), and
+        # whether the running turn waits for nothing but answers.
+        self._answers: dict[str, Answer] = {}
+        self._parked_run: _Run | None = None
+        self._parked_since: dict[str, float] = {}
+        self._blocked = False
 
     def __repr__(self) -> str:
         return f"<Agent {self.id!r} {self._status}>"
@@ -209,12 +226,100 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             bus.emit_nowait(AgentStatus(self.id, status, previous))
 
     async def wait_idle(self) -> None:
-        """Return once the agent is idle with no waking input pending (or disposed)."""
-        while self._status == "running":
+        """Return once the agent is idle with no waking input pending (or disposed), or once
+        its running turn waits for nothing but answers to approval requests
+        (:attr:`pending_approvals`): it cannot go on without them."""
+        while self._status == "running" and not self._blocked:
             if self._idle is None:
                 self._idle = trio.Event()
             await self._idle.wait()
         await trio.lowlevel.checkpoint()
+
+    def _set_blocked(self, blocked: bool) -> None:
+        self._blocked = blocked
+        if blocked and self._idle is not None:
+            self._idle.set()
+            self._idle = None
+
+    # --- approvals -----------------------------------------------------------------------
+
+    @property
+    def pending_approvals(self) -> tuple[PendingApproval, ...]:
+        """Tool calls parked by ``Ask(prompt)`` and not answered yet, in the order they were
+        parked. Rebuilt from the log, so a resumed session lists what was pending before."""
+        awaiting = self.session.awaiting_approval
+        if not self._answers:
+            return awaiting
+        return tuple(p for p in awaiting if p.call_id not in self._answers)
+
+    def approve(self, call_id: str) -> bool:
+        """Run the parked call ``call_id``; False when it is not awaiting approval.
+
+        Raises:
+            AgentDisposed: the agent is disposed (the call stays pending for a resume).
+        """
+        return self._answer(call_id, Answer(True))
+
+    def deny(self, call_id: str, reason: str = "denied") -> bool:
+        """Refuse the parked call ``call_id``: its result is an error with ``error_code``
+        ``"DENIED"`` and ``reason``; False when it is not awaiting approval.
+
+        Raises:
+            AgentDisposed: the agent is disposed (the call stays pending for a resume).
+        """
+        if not isinstance(reason, str):
+            raise InvalidContent(f"reason: must be a string, got {type(reason).__name__}")
+        return self._answer(call_id, Answer(False, repair_text(reason)))
+
+    def _answer(self, call_id: str, answer: Answer) -> bool:
+        self._check_open()
+        if call_id in self._answers or all(
+            p.call_id != call_id for p in self.session.awaiting_approval
+        ):
+            return False
+        self._answers[call_id] = answer
+        self._answered()
+        return True
+
+    def _answered(self) -> None:
+        run = self._parked_run
+        if run is not None:
+            self._blocked = False  # the run has work again: wait_idle() waits for it
+            run.notify()
+        elif self._status == "idle":
+            # A suspended turn's calls: answering opens the turn that records their results
+            # and continues the step loop.
+            self._admit()
+            self._inbox.turn_tx.send_nowait(_WAKE)
+        # Otherwise a turn was admitted and takes the answer when its tool run starts.
+
+    def _suspended(self) -> bool:
+        """Calls of a closed turn await approval: new input waits until they are answered."""
+        return self._status == "idle" and bool(self.pending_approvals)
+
+    def _expire_approvals(self) -> bool:
+        """Deny the suspended calls whose approval_timeout ran out; True when any did."""
+        timeout = self._rt.settings.get(APPROVAL_TIMEOUT)
+        if timeout is None:
+            return False
+        now = trio.current_time()
+        expired = [
+            p.call_id for p in self.pending_approvals
+            if now >= self._parked_since.get(p.call_id, now) + timeout
+        ]
+        for call_id in expired:
+            self._answers[call_id] = Answer(
+                False, f"no answer to the approval request within {timeout} s"
+            )
+        return bool(expired)
+
+    def _approval_deadline(self) -> float:
+        timeout: float | None = self._rt.settings.get(APPROVAL_TIMEOUT)
+        pending = self.pending_approvals
+        if timeout is None or not pending:
+            return math.inf
+        now = trio.current_time()
+        return min(self._parked_since.setdefault(p.call_id, now) + timeout for p in pending)
 
     # --- input ---------------------------------------------------------------------------
 
@@ -274,7 +379,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         return self._inbox.remove(message_id)
 
     def _request_wake(self) -> None:
-        if self._status == "idle":
+        if self._status == "idle" and not self._suspended():
             self._admit()
         else:
             # Latched: replayed when the current activity converges.
@@ -293,11 +398,27 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         """Abort the current turn (or admission); returns True when it had an effect.
 
         Unless ``keep_inbox``, every pending message of both lists is discarded (with events).
-        Idle cancellation is a no-op. Waking input sent after the cancel is latched and runs
-        once the agent has converged, without another send.
+        Calls awaiting approval are answered ``ABORTED_BEFORE_DISPATCH`` (those of a suspended
+        turn in a turn of their own, which ends ``aborted``); otherwise idle cancellation is a
+        no-op. Waking input sent after the cancel is latched and runs once the agent has
+        converged, without another send.
         """
-        if self._status != "running" or self._turn_scope is None or self._disposing:
+        if self._disposing:
             return False
+        if self._suspended():
+            # Answer every suspended call ABORTED_BEFORE_DISPATCH, in a turn of their own.
+            for p in self.pending_approvals:
+                self._answers[p.call_id] = Answer(False, abort=True)
+            if not keep_inbox:
+                self._inbox.discard_all("canceled")
+            self._answered()
+            assert self._turn_scope is not None
+            self._cancel_cause = cause
+            self._turn_scope.cancel()
+            return True
+        if self._status != "running" or self._turn_scope is None:
+            return False
+        self._blocked = False
         effective = not self._turn_scope.cancel_called
         if not keep_inbox and self._inbox.discard_all("canceled"):
             effective = True
@@ -306,6 +427,10 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             self._cancel_cause = cause
             self._turn_scope.cancel()
         return effective
+
+    def _running(self) -> bool:
+        # A call, like _stopping(): the status changes across awaits.
+        return self._status == "running"
 
     def _stopping(self) -> bool:
         # A call, not an attribute read, so type narrowing does not survive an await.
@@ -348,6 +473,9 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         """
         _current.set(self)
         rt = self._rt
+        now = trio.current_time()
+        for pending in self.session.awaiting_approval:
+            self._parked_since.setdefault(pending.call_id, now)
         try:
             # The actor's nursery: its cancel scope is the agent's, cancelled when disposal
             # outlasts CLOSE_GRACE; tool tasks (and child actors) run under it.
@@ -363,7 +491,8 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                 finally:
                     # Inside the nursery, so what the agent owns (the child actors that run
                     # here) is disposed to quiescence before the nursery waits for them.
-                    await self._close_scope()
+                    with trio.move_on_after(2 * CLOSE_GRACE, shield=True):
+                        await self._close_scope()
             if nursery.cancel_scope.cancelled_caught:
                 log.warning("agent %s ignored disposal for %ss; its scope was cancelled",
                             self.id, CLOSE_GRACE)
@@ -373,8 +502,9 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             log.error("agent %s failed and is disposed: %r", self.id, exc, exc_info=exc)
         finally:
             self._nursery = None
-            await self._close_scope()  # memoized: a no-op unless the nursery never opened
-            with trio.move_on_after(CLOSE_GRACE, shield=True):
+            with trio.move_on_after(2 * CLOSE_GRACE, shield=True):
+                # Memoized: a no-op unless the nursery never opened.
+                await self._close_scope()
                 await rt.release_persistence(self)
             rt.supervisor.detach(self)
 
@@ -391,9 +521,14 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         while not self._stopping():
             if self._status != "running":
                 try:
-                    await turns.receive()
+                    # Suspended approvals with an approval_timeout: wake when the first
+                    # runs out, to answer it.
+                    with trio.move_on_at(self._approval_deadline()):
+                        await turns.receive()
                 except (trio.EndOfChannel, trio.ClosedResourceError):
                     return  # disposal closed the inbox
+                if not self._running() and self._expire_approvals():
+                    self._answered()
                 # Admission already happened in send(), synchronously; a stale record (its
                 # message removed, or claimed by the turn before) finds the agent idle.
                 continue
@@ -411,6 +546,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                 self._cancel_cause = None
                 continue
             self._turn_scope = None
+            self._blocked = False
             # Load-bearing: an agent/status handler may send while the agent turns idle.
             # That send admits a new turn synchronously (status back to running), and the
             # loop's next pass runs it instead of waiting on the channel.
@@ -431,29 +567,45 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         return tuple(m for _, m in batch)
 
     async def _turn(self, scope: trio.CancelScope) -> None:
-        if scope.cancel_called or not (self._inbox.next_turn or self._inbox.waking):
+        # Answers to calls a closed turn left awaiting approval open a turn of their own,
+        # even a cancelled one: cancel() answers them ABORTED_BEFORE_DISPATCH there.
+        resuming = any(p.call_id in self._answers for p in self.session.awaiting_approval)
+        if not resuming and (
+            scope.cancel_called or not (self._inbox.next_turn or self._inbox.waking)
+        ):
             # Cancelled before it began, or its input was removed: no durable turn.
             await trio.lowlevel.checkpoint()
             return
         turn = _Turn(self.session.turns + 1)
         self.session.append(_log.TURN_START, _log.turn_start(turn.number), turn.number)
-        claimed = self._claim(turn.number, boundary=True)
+        # A resuming turn claims no prompt: queued input waits for the turn after it.
+        claimed = () if resuming else self._claim(turn.number, boundary=True)
         try:
             with scope:
-                turn.reason = await self._run_turn(turn, claimed)
+                turn.reason = await self._run_turn(turn, claimed, resuming=resuming)
         except Exception as exc:  # noqa: BLE001 - a failing hook ends the turn, not the loop
             turn.reason, turn.error = "error", exc
             log.warning("agent %s: turn %d failed: %r", self.id, turn.number, exc)
         if _cancel_called(scope) and turn.reason != "error":
             # Cancellation takes precedence even when the work finished before noticing it.
             turn.reason = "disposed" if self._disposing else "aborted"
+        if turn.reason == "disposed" and self.session.awaiting_approval:
+            # Calls wait for a person: they stay pending, and a resume picks them up.
+            turn.reason = "suspended"
         await self._close_turn(turn)
 
     async def _close_turn(self, turn: _Turn) -> None:
         # Whatever ended the turn (a failing or cancelled hook between the anchor and the
         # tools, an internal error), every call the model made gets its answer, so the next
-        # request is valid for every provider.
-        close_unanswered(self.session, turn.number)
+        # request is valid for every provider; at a disposal, calls awaiting approval keep
+        # waiting instead (the turn is suspended).
+        close_unanswered(self.session, turn.number, keep_awaiting=self._disposing)
+        if self._answers or self._parked_since:
+            awaiting = {p.call_id for p in self.session.awaiting_approval}
+            self._answers = {k: v for k, v in self._answers.items() if k in awaiting}
+            self._parked_since = {
+                k: v for k, v in self._parked_since.items() if k in awaiting
+            }
         error: FrozenDict | None = None
         if turn.error is not None:
             err = turn.error
@@ -486,10 +638,18 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             except Exception:
                 log.exception("agent %s: flushing up to seq %d failed", self.id, seq)
 
-    async def _run_turn(self, turn: _Turn, claimed: tuple[InboxMessage, ...]) -> str:
+    async def _run_turn(
+        self, turn: _Turn, claimed: tuple[InboxMessage, ...], *, resuming: bool = False
+    ) -> str:
         bus = self._rt.bus
         step = 0
         entering = claimed
+        if resuming:
+            # First the results of the calls a suspended turn left, then the step loop
+            # goes on as after any tool step.
+            await run_suspended_calls(self, turn.number)
+            await trio.lowlevel.checkpoint_if_cancelled()
+            entering = self._claim(turn.number, boundary=False)
         while True:
             step += 1
             if bus.has_handlers(AgentPreStep):

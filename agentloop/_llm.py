@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from typing import Final
 
 import attrs
 import trio
@@ -14,6 +15,9 @@ from ._model import CallConfig, LLMRequest, StreamPart
 from .llm._base import ModelAdapter, as_adapter
 
 __all__ = ["LLMService", "PreparedCall", "Registration"]
+
+# Closing a stream releases the adapter's connection; bounded, as all shielded cleanup is.
+_CLOSE_SECONDS: Final = 5.0
 
 
 @attrs.frozen(eq=False, slots=True)
@@ -55,14 +59,27 @@ class PreparedCall:
         if bus.has_listeners(LlmStream):
             served = await bus.emit(LlmStream(agent_id, request, self.registration is not None))
             if served is not None:
-                return _as_iterator(served)
+                return _guarded(_as_iterator(served), "an llm/stream handler's stream")
         if self.registration is None:
             raise ProviderError(
                 f"no adapter is registered for provider {request.config.provider!r} "
                 f"(registered: {', '.join(self._service.providers()) or 'none'})",
                 code="NO_ADAPTER",
             )
-        return self.registration.adapter.stream(request)
+        adapter = self.registration.adapter
+        # The class, not the repr: an error message should not carry an object address.
+        where = f"{type(getattr(adapter, 'wrapped', adapter)).__name__}.stream"
+        try:
+            stream = adapter.stream(request)
+        except ProviderError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every adapter failure is a provider failure
+            failure = _adapter_error(exc, where)
+        else:
+            if adapter._raises_provider_errors:
+                return stream  # the per-chunk path without an extra layer
+            return _guarded(stream, where)
+        raise failure
 
 
 class LLMService:
@@ -129,6 +146,35 @@ class LLMService:
             config = attrs.evolve(config, reasoning_effort=effort, max_tokens=max_tokens)
         reg.adapter.validate(config)
         return PreparedCall(config, reg, tuple(filled), self)
+
+
+def _adapter_error(exc: Exception, where: str) -> ProviderError:
+    error = ProviderError(f"{where} failed: {type(exc).__name__}: {exc}", code="adapter_error")
+    error.__cause__ = exc
+    return error
+
+
+async def _guarded(stream: AsyncIterator[StreamPart], where: str) -> AsyncIterator[StreamPart]:
+    """``stream``, with any exception but a ``ProviderError`` raised as one.
+
+    So the request-error hooks (the retry plugin, the user's) see every failed call. The
+    original is chained as ``__cause__``; cancellation and other base exceptions pass.
+    """
+    failure: ProviderError | None = None
+    try:
+        async for part in stream:
+            yield part
+    except ProviderError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - see above
+        failure = _adapter_error(exc, where)
+    finally:
+        aclose = getattr(stream, "aclose", None)
+        if aclose is not None:
+            with trio.move_on_after(_CLOSE_SECONDS, shield=True):
+                await aclose()
+    if failure is not None:
+        raise failure
 
 
 def _as_iterator(served: object) -> AsyncIterator[StreamPart]:

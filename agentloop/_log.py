@@ -21,6 +21,8 @@ __all__ = [
     "tool_call_chunk", "assistant_message", "tool_call", "tool_result",
     "ClaimedMessageData", "AssistantMessageData", "ToolCallData", "ToolResultData",
     "TurnEndData", "ChunkData", "RequestHeaderData",
+    "TOOL_APPROVAL_REQUESTED", "TOOL_APPROVAL_ANSWERED", "approval_requested",
+    "approval_answered", "ApprovalRequestedData", "ApprovalAnsweredData",
 ]
 
 TURN_START: Final = "turn/start"
@@ -32,6 +34,8 @@ ASSISTANT_CHUNK: Final = "assistant/chunk"
 ASSISTANT_MESSAGE: Final = "assistant/message"
 TOOL_CALL: Final = "tool/call"
 TOOL_RESULT: Final = "tool/result"
+TOOL_APPROVAL_REQUESTED: Final = "tool/approval-requested"
+TOOL_APPROVAL_ANSWERED: Final = "tool/approval-answered"
 
 
 # --- payloads, for readers ---------------------------------------------------------------------
@@ -63,6 +67,7 @@ class AssistantMessageData(TypedDict, total=False):
     content: str
     reasoning: str | None
     reasoning_signature: str | None
+    reasoning_blocks: tuple[FrozenDict, ...]
     tool_calls: tuple[FrozenDict, ...]
     source_event_seqs: tuple[int, ...]
     finish_reason: str | None
@@ -84,6 +89,24 @@ class ToolResultData(TypedDict, total=False):
     is_error: bool
     error_code: str | None
     repaired: bool
+
+
+class ApprovalRequestedData(TypedDict):
+    """A call parked until a person answers: everything it needs to run comes from here."""
+
+    call_id: str
+    name: str
+    arguments: FrozenDict
+    prompt: str
+
+
+class ApprovalAnsweredData(TypedDict, total=False):
+    """The answer to a parked call, logged before the call runs (or is refused), so a crash
+    after an approval never asks, or runs, the call a second time."""
+
+    call_id: str
+    approved: bool
+    reason: str
 
 
 class TurnEndData(TypedDict, total=False):
@@ -157,8 +180,13 @@ def assistant_message(
     usage: FrozenDict | None,
     interrupted: bool,
     renamed: tuple[FrozenDict, ...] = (),
+    reasoning_blocks: tuple[FrozenDict, ...] = (),
 ) -> FrozenDict:
-    """The completion anchor: final, interrupted (cancel) and crash-recovered alike."""
+    """The completion anchor: final, interrupted (cancel) and crash-recovered alike.
+
+    ``reasoning_blocks`` (the provider's blocks, kept for a verbatim replay) is written only
+    when there are some; ``reasoning`` and ``reasoning_signature`` stay for older readers.
+    """
     fields = FrozenDict(
         step=step,
         content=content,
@@ -170,6 +198,8 @@ def assistant_message(
         usage=usage,
         interrupted=interrupted,
     )
+    if reasoning_blocks:
+        fields = FrozenDict(fields, reasoning_blocks=reasoning_blocks)
     if renamed:
         return FrozenDict(fields, renamed_tool_call_ids=renamed)
     return fields
@@ -188,3 +218,13 @@ def tool_result(
         error_code=error_code,
     )
     return FrozenDict(fields, repaired=True) if repaired else fields
+
+
+def approval_requested(call: ToolCall, arguments: FrozenDict, prompt: str) -> FrozenDict:
+    return FrozenDict(call_id=call.id, name=call.name, arguments=arguments, prompt=prompt)
+
+
+def approval_answered(call_id: str, *, approved: bool, reason: str | None = None) -> FrozenDict:
+    if reason is None:
+        return FrozenDict(call_id=call_id, approved=approved)
+    return FrozenDict(call_id=call_id, approved=approved, reason=reason)

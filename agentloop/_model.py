@@ -8,7 +8,7 @@ from typing import Any, Literal, NewType, TypeAlias, get_args
 import attrs
 
 from ._errors import ConfigError
-from ._json import JSON, FrozenDict, _iter_text, freeze_object
+from ._json import JSON, FrozenDict, _iter_text, freeze_object, freeze_repaired
 
 __all__ = [
     "MessageId",
@@ -28,6 +28,7 @@ __all__ = [
     "StreamPart",
     "FinishReason",
     "ToolResult",
+    "PendingApproval",
     "content_text",
 ]
 
@@ -82,6 +83,10 @@ class Message:
         interrupted: True for an assistant prefix cut short by cancellation.
         reasoning: the assistant's reasoning text, replayed where a provider requires it.
         reasoning_signature: the provider's signature over that reasoning (Anthropic thinking).
+        reasoning_blocks: the reply's reasoning blocks as the provider sent them, in order:
+            each a ``{"format", "text"}`` object with the ``signature`` and the provider's
+            opaque ``fields`` when there are any. An adapter of the same ``format`` replays
+            them unchanged; any other sends ``reasoning`` as text (or nothing).
     """
 
     role: Literal["user", "assistant", "tool"]
@@ -93,6 +98,7 @@ class Message:
     interrupted: bool = False
     reasoning: str | None = None
     reasoning_signature: str | None = None
+    reasoning_blocks: tuple[FrozenDict, ...] = ()
 
     @property
     def text(self) -> str:
@@ -204,15 +210,38 @@ class TextDelta:
     text: str
 
 
+def _reasoning_fields(value: object) -> FrozenDict | None:
+    # Provider output that cannot be refused: a lone surrogate is repaired, not an error.
+    if value is None or isinstance(value, FrozenDict):
+        return value
+    frozen = freeze_repaired(value)[0]
+    if not isinstance(frozen, FrozenDict):
+        raise TypeError(f"ReasoningDelta.fields must be a JSON object, got {value!r}")
+    return frozen
+
+
 @attrs.frozen(slots=True)
 class ReasoningDelta:
     """A fragment of the assistant's reasoning (``reasoning_content``, Anthropic thinking).
 
     ``signature`` carries a provider signature over the reasoning block, when one arrives.
+
+    ``block`` numbers the reasoning blocks of one reply in order: fragments with the same
+    number are one block. ``format`` names the wire format that produced the block (the
+    built-in adapters use ``"anthropic"``, ``"openai-chat"`` and ``"openai-responses"``);
+    only an adapter of that format replays the block verbatim. ``fields`` are the block's
+    opaque provider fields (a redacted block's ``data``, an encrypted reasoning item), merged
+    into the block, later keys winning. A plain ``ReasoningDelta(text)`` is reasoning text
+    that no provider needs back verbatim.
     """
 
     text: str
     signature: str | None = None
+    block: int = attrs.field(default=0, kw_only=True)
+    format: str | None = attrs.field(default=None, kw_only=True)
+    fields: FrozenDict | None = attrs.field(
+        default=None, kw_only=True, converter=_reasoning_fields
+    )
 
 
 @attrs.frozen(slots=True)
@@ -280,3 +309,20 @@ class ToolResult:
     @classmethod
     def error(cls, code: str, message: str) -> ToolResult:
         return cls(content=f"Error: {message}", is_error=True, error_code=code)
+
+
+@attrs.frozen(slots=True)
+class PendingApproval:
+    """A tool call parked until someone answers it (``agent.approve`` / ``agent.deny``).
+
+    Attributes:
+        call_id: the call's id, the key for ``approve`` and ``deny``.
+        name: the tool's name.
+        arguments: the validated arguments the call will run with.
+        prompt: what the ``tools/pre-execute`` handler asked (``Ask(prompt)``).
+    """
+
+    call_id: str
+    name: str
+    arguments: FrozenDict
+    prompt: str

@@ -64,6 +64,49 @@ class _CallParts:
         return ToolCall(self.id or f"call_{uuid.uuid4().hex[:24]}", self.name or "", arguments)
 
 
+@attrs.define(slots=True, eq=False)
+class _BlockParts:
+    """One reasoning block of the reply: its text fragments and what the provider attached."""
+
+    format: str | None = None
+    signature: str | None = None
+    fields: dict[str, Any] | None = None
+    texts: list[str] = attrs.Factory(list)
+
+    def note(self, part: ReasoningDelta) -> None:
+        if part.format is not None:
+            self.format = part.format
+        if part.signature is not None:
+            self.signature = _repaired(part.signature)
+        if part.fields is not None:
+            # Provider output, stored as is: a lone surrogate inside was repaired by the part.
+            self.fields = {**(self.fields or {}), **part.fields}
+
+    @property
+    def kept(self) -> bool:
+        """Whether a provider could need this block back verbatim."""
+        return self.format is not None or self.signature is not None or bool(self.fields)
+
+    def to_json(self) -> FrozenDict:
+        block: dict[str, Any] = {"format": self.format, "text": "".join(self.texts)}
+        if self.signature is not None:
+            block["signature"] = self.signature
+        if self.fields:
+            block["fields"] = FrozenDict(self.fields)
+        return FrozenDict(block)
+
+
+def _reasoning_text(blocks: dict[int, _BlockParts]) -> str | None:
+    # Blocks in the order they opened; one provider's blocks never interleave.
+    return "".join(piece for b in blocks.values() for piece in b.texts) or None
+
+
+def _blocks_json(blocks: dict[int, _BlockParts]) -> tuple[FrozenDict, ...]:
+    if not any(b.kept for b in blocks.values()):
+        return ()  # plain reasoning text: ``reasoning`` says it all
+    return tuple(b.to_json() for _, b in sorted(blocks.items()))
+
+
 def _repaired(value: str | None) -> str | None:
     return None if value is None else repair_text(value)
 
@@ -74,8 +117,10 @@ async def fold_stream(
     """Log every part of ``stream`` for ``step`` of ``turn`` and anchor the reply."""
     append = session.append
     text: list[str] = []
-    reasoning: list[str] = []
     signature: str | None = None
+    blocks: dict[int, _BlockParts] = {}
+    block_no = -1  # no block has this number: the first reasoning part opens its block
+    block_texts: list[str] = []
     seqs: list[int] = []
     visible: list[int] = []
     calls: dict[int, _CallParts] = {}
@@ -93,8 +138,18 @@ async def fold_stream(
                 cls = type(part)
                 if cls is TextDelta or cls is ReasoningDelta:
                     is_text = cls is TextDelta
-                    if not is_text:
-                        signature = part.signature or signature
+                    if not is_text and (
+                        part.block != block_no or part.signature is not None
+                        or part.format is not None or part.fields is not None
+                    ):
+                        # Off the per-chunk path: a block opens or the provider attaches data.
+                        block_no = part.block
+                        block = blocks.get(block_no)
+                        if block is None:
+                            block = blocks[block_no] = _BlockParts()
+                        block.note(part)
+                        block_texts = block.texts
+                        signature = block.signature or signature
                     delta = part.text
                     if not delta:
                         continue
@@ -109,7 +164,7 @@ async def fold_stream(
                     seq = append(_log.ASSISTANT_CHUNK, chunk, turn).seq
                     seqs.append(seq)
                     visible.append(seq)
-                    (text if is_text else reasoning).append(delta)
+                    (text if is_text else block_texts).append(delta)
                 elif cls is ToolCallDelta:
                     call_id, name, fragment = part.id, part.name, part.arguments
                     repaired = False
@@ -143,10 +198,10 @@ async def fold_stream(
             append(
                 _log.ASSISTANT_MESSAGE,
                 _log.assistant_message(
-                    step=step, content="".join(text), reasoning="".join(reasoning) or None,
+                    step=step, content="".join(text), reasoning=_reasoning_text(blocks),
                     reasoning_signature=signature, tool_calls=(),
                     source_event_seqs=tuple(visible), finish_reason=None, usage=None,
-                    interrupted=True,
+                    interrupted=True, reasoning_blocks=_blocks_json(blocks),
                 ),
                 turn,
             )
@@ -164,10 +219,10 @@ async def fold_stream(
     append(
         _log.ASSISTANT_MESSAGE,
         _log.assistant_message(
-            step=step, content=content, reasoning="".join(reasoning) or None,
+            step=step, content=content, reasoning=_reasoning_text(blocks),
             reasoning_signature=signature, tool_calls=tool_calls,
             source_event_seqs=tuple(seqs), finish_reason=reason, usage=usage,
-            interrupted=False, renamed=tuple(renamed),
+            interrupted=False, renamed=tuple(renamed), reasoning_blocks=_blocks_json(blocks),
         ),
         turn,
     )

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
+from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -34,16 +36,28 @@ from ._json import JSON, FrozenDict, freeze, freeze_repaired
 from ._model import ToolCall, ToolResult
 from ._schema import parse_arguments, validate_arguments
 from ._session import Session
-from ._settings import MAX_PARALLEL_TOOL_CALLS
+from ._settings import APPROVAL_TIMEOUT, MAX_PARALLEL_TOOL_CALLS
 from ._tools import Tool
 
 if TYPE_CHECKING:
     from ._agent import Agent
 
-__all__ = ["run_tool_calls", "ABORTED_BEFORE_DISPATCH"]
+__all__ = [
+    "run_tool_calls", "run_suspended_calls", "close_unanswered", "Answer",
+    "ABORTED_BEFORE_DISPATCH",
+]
 
 ABORTED_BEFORE_DISPATCH = "ABORTED_BEFORE_DISPATCH"
 _ABORTED_TEXT = "tool call aborted before dispatch"
+
+
+@attrs.frozen(slots=True)
+class Answer:
+    """Someone's answer to a parked call: approve, deny (with a reason), or abort (cancel)."""
+
+    approved: bool
+    reason: str | None = None
+    abort: bool = False
 
 
 @attrs.define(slots=True, eq=False)
@@ -57,19 +71,36 @@ class _Slot:
     finished: bool = False
     emitted: bool = False
     result: ToolResult | None = None
+    parked: bool = False  # awaiting an answer to its approval request
+    deferred: bool = False  # was parked: its result is published whenever it is ready
 
 
 class _Run:
-    def __init__(self, agent: Agent, turn: int, calls: Sequence[ToolCall]) -> None:
+    def __init__(
+        self, agent: Agent, turn: int, calls: Sequence[ToolCall], *, parked: bool = False
+    ) -> None:
         self.agent = agent
         self.rt = agent._rt
         self.session = agent.session
         self.turn = turn
-        self.slots = [_Slot(c) for c in calls]
+        # Calls that were parked in an earlier turn start parked, already logged.
+        self.slots = [
+            _Slot(c, logged=parked, parked=parked, deferred=parked, arguments=None)
+            for c in calls
+        ]
+        self.parked = len(calls) if parked else 0  # slots awaiting an answer
         self.next_emit = 0
+        self.emitted = 0
+        self.deferred: list[_Slot] = []
+        self.ready: deque[_Slot] = deque()  # approved, waiting for their turn to dispatch
         self.in_flight = 0
         self.changed = trio.Event()
         self.peak = 0
+        self.bound: int | None = None
+
+    def notify(self) -> None:
+        """An answer arrived (from ``agent.approve``/``deny``): wake the dispatcher."""
+        self.changed.set()
 
     # --- ordered parts -------------------------------------------------------------------
 
@@ -79,16 +110,41 @@ class _Run:
         slot.logged = True
 
     async def _prelude(self, slot: _Slot) -> None:
-        """Log the call and decide whether it may run; sets ``slot.result`` when it may not."""
+        """Log the call and decide whether it may run; sets ``slot.result`` when it may not,
+        or parks it when it needs an answer nobody gave yet."""
         self._log_call(slot)
-        call, agent_id, bus = slot.call, self.agent.id, self.rt.bus
+        if not self._check(slot):
+            return
+        call, tool, bus = slot.call, slot.tool, self.rt.bus
+        assert tool is not None
+        assert slot.arguments is not None
+        if bus.has_handlers(ToolPreExecute):
+            decision = await bus.emit(ToolPreExecute(self.agent.id, call, tool.spec))
+            if isinstance(decision, Ask):
+                answer = None
+                if bus.has_handlers(ToolApproval):
+                    answer = await bus.emit(ToolApproval(self.agent.id, call, decision.prompt))
+                if isinstance(answer, Deny):
+                    slot.result = ToolResult.error("DENIED", f"call denied: {answer.reason}")
+                    return
+                if not isinstance(answer, Allow):
+                    self._park(slot, decision.prompt)
+                    return
+            elif isinstance(decision, Deny):
+                slot.result = ToolResult.error("DENIED", f"call denied: {decision.reason}")
+                return
+        await self._guard(slot)
+
+    def _check(self, slot: _Slot) -> bool:
+        """Look the tool up and validate the arguments; False (with a result) when it fails."""
+        call, agent_id = slot.call, self.agent.id
         tool = self.rt.tools.lookup(call.name, agent_id)
         if tool is None:
             names = ", ".join(t.name for t in self.rt.tools.visible(agent_id)) or "none"
             slot.result = ToolResult.error(
                 "UNKNOWN_TOOL", f"unknown tool {call.name!r} (available tools: {names})"
             )
-            return
+            return False
         slot.tool = tool
         raw = call.arguments
         if isinstance(raw, str):
@@ -99,7 +155,7 @@ class _Run:
                     f"the arguments for {call.name!r} are not a JSON object ({problem}); "
                     "send a JSON object that fits the tool's parameters",
                 )
-                return
+                return False
             try:
                 arguments = freeze(parsed)
             except InvalidContent as exc:
@@ -108,7 +164,7 @@ class _Run:
                     f"the arguments for {call.name!r} cannot be used ({exc}); "
                     "send a JSON object that fits the tool's parameters",
                 )
-                return
+                return False
         else:
             arguments = raw
         assert isinstance(arguments, FrozenDict)
@@ -119,32 +175,101 @@ class _Run:
                 f"invalid arguments for {call.name!r}: " + "; ".join(problems)
                 + ". Fix them and call the tool again.",
             )
-            return
-        if bus.has_handlers(ToolPreExecute):
-            decision = await bus.emit(ToolPreExecute(agent_id, call, tool.spec))
-            if isinstance(decision, Ask):
-                answer = None
-                if bus.has_handlers(ToolApproval):
-                    answer = await bus.emit(ToolApproval(agent_id, call, decision.prompt))
-                if not isinstance(answer, Allow):
-                    reason = (
-                        answer.reason if isinstance(answer, Deny)
-                        else f"approval required ({decision.prompt}) and nobody approved"
-                    )
-                    slot.result = ToolResult.error("DENIED", f"call denied: {reason}")
-                    return
-            elif isinstance(decision, Deny):
-                slot.result = ToolResult.error("DENIED", f"call denied: {decision.reason}")
-                return
-        for policy in self.rt.tools.guards_for(agent_id):
+            return False
+        slot.arguments = arguments
+        return True
+
+    async def _guard(self, slot: _Slot) -> None:
+        """Every owner guard may still deny; otherwise the call is ready to dispatch."""
+        call, tool, arguments = slot.call, slot.tool, slot.arguments
+        assert tool is not None
+        assert arguments is not None
+        for policy in self.rt.tools.guards_for(self.agent.id):
             verdict = policy(call, tool)
             if inspect.isawaitable(verdict):
                 verdict = await verdict
             if isinstance(verdict, Deny):
                 slot.result = ToolResult.error("DENIED", f"call denied: {verdict.reason}")
                 return
-        slot.arguments = arguments
         slot.kwargs = tool.to_kwargs(arguments) if tool.to_kwargs else dict(arguments)
+
+    # --- approvals -----------------------------------------------------------------------
+
+    def _park(self, slot: _Slot, prompt: str) -> None:
+        # Durable first: everything the call needs to run after a restart is in this event.
+        assert slot.arguments is not None
+        self.session.append(
+            _log.TOOL_APPROVAL_REQUESTED,
+            _log.approval_requested(slot.call, slot.arguments, prompt),
+            self.turn,
+        )
+        slot.parked = slot.deferred = True
+        self.parked += 1
+        self.agent._parked_since[slot.call.id] = trio.current_time()
+
+    def _timeout(self) -> float | None:
+        value: float | None = self.rt.settings.get(APPROVAL_TIMEOUT)
+        return value
+
+    def _deadline(self) -> float:
+        timeout = self._timeout() if self.parked else None
+        if timeout is None:
+            return math.inf
+        since = self.agent._parked_since
+        return min(
+            (since.get(s.call.id, math.inf) + timeout for s in self.slots if s.parked),
+            default=math.inf,
+        )
+
+    def _take_answers(self) -> bool:
+        """Apply the answers given so far (and expired approvals); True if any applied."""
+        if not self.parked:
+            return False
+        answers, since = self.agent._answers, self.agent._parked_since
+        timeout = self._timeout()
+        now = trio.current_time()
+        took = False
+        for slot in self.slots:
+            if not slot.parked:
+                continue
+            call_id = slot.call.id
+            answer = answers.pop(call_id, None)
+            if answer is None and timeout is not None and now >= since.get(call_id, now) + timeout:
+                answer = Answer(False, f"no answer to the approval request within {timeout} s")
+            if answer is None:
+                continue
+            took = True
+            slot.parked = False
+            self.parked -= 1
+            since.pop(call_id, None)
+            if answer.abort:
+                slot.result = ToolResult.error(ABORTED_BEFORE_DISPATCH, _ABORTED_TEXT)
+                continue
+            self.session.append(
+                _log.TOOL_APPROVAL_ANSWERED,
+                _log.approval_answered(call_id, approved=answer.approved, reason=answer.reason),
+                self.turn,
+            )
+            if answer.approved:
+                self.ready.append(slot)
+            else:
+                slot.result = ToolResult.error(
+                    "DENIED", f"call denied: {answer.reason or 'denied'}"
+                )
+        return took
+
+    async def _dispatch_ready(self, nursery: trio.Nursery) -> None:
+        """Dispatch the calls approved since the last look, in the order they were answered."""
+        while self.ready:
+            slot = self.ready.popleft()
+            if slot.tool is None:
+                # Parked in an earlier turn: the tool and its arguments come from the log.
+                self._check(slot)
+            if slot.result is None:
+                await self._guard(slot)
+            if slot.result is None:
+                await self._dispatch(nursery, slot)
+            await self._emit_ready()
 
     async def _emit(self, slot: _Slot, *, hooks: bool = True) -> None:
         result = slot.result
@@ -163,15 +288,30 @@ class _Run:
             self._log_call(slot)
         self.session.append(_log.TOOL_RESULT, result_data(slot.call, result), self.turn)
         slot.emitted = True
+        self.emitted += 1
 
     async def _emit_ready(self) -> None:
         slots = self.slots
         while self.next_emit < len(slots):
             slot = slots[self.next_emit]
+            if slot.deferred:
+                # A call waiting for a person holds up nobody: its siblings' results go on.
+                self.deferred.append(slot)
+                self.next_emit += 1
+                continue
             if slot.result is None or (slot.started and not slot.finished):
-                return
+                break
             await self._emit(slot)
             self.next_emit += 1
+        deferred = self.deferred
+        i = 0
+        while i < len(deferred):
+            slot = deferred[i]
+            if slot.result is None or (slot.started and not slot.finished):
+                i += 1
+                continue
+            del deferred[i]
+            await self._emit(slot)
 
     # --- concurrent part -----------------------------------------------------------------
 
@@ -219,12 +359,28 @@ class _Run:
 
     async def _wait_until(self, predicate: Any) -> None:
         while not predicate():
+            await self._wait_once()
+
+    async def _wait_once(self) -> None:
+        """Wait for a call to finish, an answer or an approval deadline; then apply it."""
+        if not self._take_answers():
             self.changed = trio.Event()
-            await self.changed.wait()
-            await self._emit_ready()
+            # Waiting only for a person: the agent counts as settled for wait_idle().
+            blocked = self.in_flight == 0 and not self.ready and self.parked > 0
+            if blocked:
+                self.agent._set_blocked(True)
+            try:
+                with trio.move_on_at(self._deadline()):
+                    await self.changed.wait()
+            finally:
+                if blocked:
+                    self.agent._set_blocked(False)
+            self._take_answers()
+        await self._emit_ready()
 
     async def run(self) -> None:
         failure: Exception | None = None
+        self.agent._parked_run = self
         try:
             async with trio.open_nursery() as nursery:
                 try:
@@ -236,6 +392,8 @@ class _Run:
         except BaseException:
             self._abort_rest()
             raise
+        finally:
+            self.agent._parked_run = None
         if failure is not None:
             self._abort_rest()
             raise failure
@@ -244,40 +402,60 @@ class _Run:
         self._start(nursery, slot)
         await self._wait_until(lambda: self.in_flight == 0)
 
-    async def _dispatch_all(self, nursery: trio.Nursery) -> None:
-        bound: int | None = None
-        for slot in self.slots:
-            await self._prelude(slot)
-            if slot.result is None:
-                assert slot.tool is not None
-                assert slot.arguments is not None
+    async def _dispatch(self, nursery: trio.Nursery, slot: _Slot) -> None:
+        assert slot.tool is not None
+        assert slot.arguments is not None
+        mode = slot.tool.mode_for(slot.arguments)
+        if mode == "parallel":
+            if self.bound is None:
+                self.bound = self.rt.settings.get(MAX_PARALLEL_TOOL_CALLS)
+            bound = self.bound
+            if self.in_flight >= bound:
+                await self._wait_until(lambda: self.in_flight < bound)
+                # Classification is decided right before the call starts.
                 mode = slot.tool.mode_for(slot.arguments)
-                if mode == "parallel":
-                    if bound is None:
-                        bound = self.rt.settings.get(MAX_PARALLEL_TOOL_CALLS)
-                    if self.in_flight >= bound:
-                        await self._wait_until(lambda b=bound: self.in_flight < b)
-                        # Classification is decided right before the call starts.
-                        mode = slot.tool.mode_for(slot.arguments)
-                if mode == "exclusive":
-                    await self._wait_until(lambda: self.in_flight == 0)
-                    await self._emit_ready()  # earlier results go out before the barrier
-                    bound = None  # the next parallel call opens a new group
-                    await self._run_alone(nursery, slot)
-                else:
-                    self._start(nursery, slot)
+        if mode == "exclusive":
+            await self._wait_until(lambda: self.in_flight == 0)
+            await self._emit_ready()  # earlier results go out before the barrier
+            self.bound = None  # the next parallel call opens a new group
+            await self._run_alone(nursery, slot)
+        else:
+            self._start(nursery, slot)
+
+    async def _dispatch_all(self, nursery: trio.Nursery) -> None:
+        for slot in self.slots:
+            self._take_answers()  # answers given while the previous prelude ran
+            await self._dispatch_ready(nursery)
+            if slot.parked or slot.deferred:
+                continue  # parked in an earlier turn: answered through the ready queue
+            await self._prelude(slot)
+            if slot.result is None and not slot.parked:
+                await self._dispatch(nursery, slot)
             await self._emit_ready()
-        await self._wait_until(lambda: self.next_emit == len(self.slots))
+        while True:
+            await self._dispatch_ready(nursery)
+            await self._emit_ready()
+            if self.emitted == len(self.slots):
+                return
+            await self._wait_once()
 
     def _abort_rest(self) -> None:
-        """Close every remaining call synchronously, in order, so history stays valid."""
-        for slot in self.slots[self.next_emit:]:
+        """Close every remaining call synchronously, in order, so history stays valid.
+
+        At a disposal, calls still awaiting approval are left without a result: the turn
+        ends ``suspended`` and they are pending again once the session is resumed.
+        """
+        keep_parked = self.agent._stopping()
+        for slot in self.slots:
             if slot.emitted:
                 continue
             if slot.result is None:
+                if slot.parked and keep_parked:
+                    continue
                 slot.result = ToolResult.error(ABORTED_BEFORE_DISPATCH, _ABORTED_TEXT)
             self._append_result(slot, slot.result)
         self.next_emit = len(self.slots)
+        self.deferred.clear()
 
 
 def result_data(call: ToolCall, result: ToolResult) -> FrozenDict:
@@ -299,9 +477,13 @@ def result_data(call: ToolCall, result: ToolResult) -> FrozenDict:
     )
 
 
-def close_unanswered(session: Session, turn: int) -> None:
-    """Answer every call of the session still without a result (``ABORTED_BEFORE_DISPATCH``)."""
+def close_unanswered(session: Session, turn: int, *, keep_awaiting: bool = False) -> None:
+    """Answer every call of the session still without a result (``ABORTED_BEFORE_DISPATCH``);
+    with ``keep_awaiting``, calls awaiting approval stay unanswered (a suspended turn)."""
+    awaiting = {p.call_id for p in session.awaiting_approval} if keep_awaiting else ()
     for call, logged in session.unanswered:
+        if call.id in awaiting:
+            continue
         if not logged:
             session.append(_log.TOOL_CALL, _log.tool_call(call), turn)
         session.append(
@@ -332,5 +514,13 @@ async def run_tool_calls(agent: Agent, turn: int, calls: Sequence[ToolCall]) -> 
     run = _Run(agent, turn, calls)
     await run.run()
     return run.peak
+
+
+async def run_suspended_calls(agent: Agent, turn: int) -> None:
+    """Answer the calls a suspended turn left awaiting approval: approved ones run (tool and
+    arguments taken from the log), denied ones get ``DENIED``, unanswered ones park again."""
+    calls = [ToolCall(p.call_id, p.name, p.arguments) for p in agent.session.awaiting_approval]
+    if calls:
+        await _Run(agent, turn, calls, parked=True).run()
 
 

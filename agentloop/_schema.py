@@ -3,19 +3,28 @@
 :func:`describe_function` reads a function's signature, type hints and docstring into a
 :class:`FunctionDescription`. :func:`parse_arguments` and :func:`validate_arguments` turn a
 model's raw output into problems worded so that the model can fix its call, and
-:meth:`FunctionDescription.to_call_kwargs` rebuilds the Python values (enum members, attrs
-instances, tuples) the function expects.
+:meth:`FunctionDescription.to_call_kwargs` rebuilds the Python values (enum members, attrs and
+dataclass instances, ``UUID``, ``datetime``, tuples) the function expects.
+
+A parameter may be annotated with the JSON scalars, ``Literal``, enums, unions and optionals,
+lists, tuples, string-keyed dicts, attrs classes, dataclasses, ``TypedDict`` classes, ``UUID``
+(a string with ``format: uuid``), ``datetime`` (``format: date-time``) and ``date``
+(``format: date``). Formats are checked, so a malformed value goes back to the model as a
+problem to fix instead of failing inside the tool.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import datetime
 import enum
 import inspect
 import json
 import re
 import types
 import typing
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal, NoReturn, Union, get_args, get_origin
 
@@ -30,6 +39,8 @@ __all__ = [
     "parse_arguments",
     "validate_arguments",
     "coerce_arguments",
+    "schema_for_type",
+    "coerce_value",
 ]
 
 _NONE = type(None)
@@ -37,6 +48,13 @@ _MISSING = object()  # no annotation
 _PRIMITIVES: dict[object, str] = {
     bool: "boolean", int: "integer", float: "number", str: "string", _NONE: "null", None: "null",
 }  # fmt: skip
+# Strings with a format: the schema, and the parser that checks and converts a value.
+_FORMATS: dict[type, tuple[str, Callable[[str], Any]]] = {
+    uuid.UUID: ("uuid", uuid.UUID),
+    datetime.datetime: ("date-time", datetime.datetime.fromisoformat),
+    datetime.date: ("date", datetime.date.fromisoformat),
+}
+_PARSERS: dict[str, Callable[[str], Any]] = dict(_FORMATS.values())
 _SCALAR_KINDS = frozenset({"boolean", "integer", "number", "string", "null"})
 # bool before int: True is an int to isinstance, but a boolean to JSON.
 _KINDS: tuple[tuple[type | tuple[type, ...], str], ...] = (
@@ -119,6 +137,27 @@ def describe_function(fn: Callable[..., Any]) -> FunctionDescription:
     )
 
 
+def schema_for_type(tp: Any) -> FrozenDict:
+    """The JSON schema of values of type ``tp`` (the annotation forms a tool parameter takes).
+
+    Raises:
+        ToolDefinitionError: ``tp`` has no JSON schema; the message says which part.
+    """
+    try:
+        schema = freeze(_schema_for(tp))
+    except _Unsupported as exc:
+        raise ToolDefinitionError(f"{_fmt(tp)}: {exc}") from None
+    assert isinstance(schema, FrozenDict)
+    return schema
+
+
+def coerce_value(tp: Any, value: Any) -> Any:
+    """The Python value of type ``tp`` for JSON ``value`` that passed validation against
+    :func:`schema_for_type` (instances for attrs classes and dataclasses, enum members,
+    ``UUID``/``datetime``/``date`` objects, tuples)."""
+    return _coerce(tp, value)
+
+
 def _object_schema(
     fields: list[tuple[str, Any, object]],
     docs: Mapping[str, str],
@@ -139,7 +178,7 @@ def _object_schema(
             schema.setdefault("description", docs[name])
         if default is attrs.NOTHING:
             required.append(name)
-        else:
+        elif default is not _FACTORY:
             # A default the model cannot see (NaN, a factory, ...) still applies in Python.
             with contextlib.suppress(InvalidContent, RecursionError):
                 schema["default"] = freeze(_to_json(default))
@@ -161,6 +200,10 @@ def _schema_for(tp: Any, active: frozenset[type] = frozenset()) -> dict[str, Any
         return schema
     if tp is Any:
         return {}
+    if origin is typing.Required or origin is typing.NotRequired:
+        return _schema_for(args[0], active)  # a TypedDict key's marker, read by its class
+    if isinstance(tp, type) and tp in _FORMATS:
+        return {"type": "string", "format": _FORMATS[tp][0]}
     if tp is None or (isinstance(tp, type) and tp in _PRIMITIVES):
         return {"type": _PRIMITIVES[tp]}
     if origin is Literal:
@@ -194,6 +237,10 @@ def _schema_for(tp: Any, active: frozenset[type] = frozenset()) -> dict[str, Any
         return {"type": "object", "additionalProperties": _schema_for(args[1], active)}
     if isinstance(tp, type) and attrs.has(tp):
         return _attrs_schema(tp, active)
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return _dataclass_schema(tp, active)
+    if typing.is_typeddict(tp):
+        return _typeddict_schema(tp, active)
     raise _Unsupported(f"{_fmt(tp)} has no JSON schema")
 
 
@@ -235,13 +282,67 @@ def _attrs_schema(cls: type, active: frozenset[type]) -> dict[str, Any]:
     return _object_schema(fields, docs, active | {cls}, f"{cls.__qualname__} field")
 
 
+def _class_hints(cls: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(cls, include_extras=True)
+    except NameError as exc:
+        raise _Unsupported(f"{cls.__qualname__}: {exc}") from None
+
+
+def _dataclass_schema(cls: type, active: frozenset[type]) -> dict[str, Any]:
+    if cls in active:
+        raise _Unsupported(f"{cls.__qualname__} refers to itself")
+    hints = _class_hints(cls)
+    _, docs = _parse_docstring(cls.__doc__ or "")
+    fields = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        default: object = f.default
+        if default is dataclasses.MISSING:
+            # A factory's value is made per call; the model only needs to know it may omit it.
+            default = _FACTORY if f.default_factory is not dataclasses.MISSING else attrs.NOTHING
+        fields.append((f.name, hints.get(f.name, _MISSING), default))
+    return _object_schema(fields, docs, active | {cls}, f"{cls.__qualname__} field")
+
+
+def _typeddict_schema(cls: Any, active: frozenset[type]) -> dict[str, Any]:
+    if cls in active:
+        raise _Unsupported(f"{cls.__qualname__} refers to itself")
+    hints = _class_hints(cls)
+    _, docs = _parse_docstring(cls.__doc__ or "")
+    required: frozenset[str] = cls.__required_keys__
+    fields = []
+    for key, hint in hints.items():
+        # The marker decides when present: with postponed annotations the class cannot see
+        # it, and __required_keys__ then follows totality alone.
+        marker = get_origin(hint)
+        needed = (
+            marker is typing.Required if marker in (typing.Required, typing.NotRequired)
+            else key in required
+        )
+        fields.append((key, hint, attrs.NOTHING if needed else _FACTORY))
+    return _object_schema(fields, docs, active | {cls}, f"{cls.__qualname__} key")
+
+
+_FACTORY = object()  # optional, with no default the schema can show
+
+
 def _to_json(value: object) -> Any:
     if isinstance(value, enum.Enum):
         return _to_json(value.value)
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, datetime.date):
+        return value.isoformat()
     cls = type(value)
     if attrs.has(cls):
         fields = attrs.fields(cls)
         return {f.alias: _to_json(getattr(value, f.name)) for f in fields if f.init}
+    if dataclasses.is_dataclass(value):
+        return {
+            f.name: _to_json(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init
+        }
     if isinstance(value, Mapping):
         return {key: _to_json(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
@@ -353,7 +454,8 @@ def validate_arguments(schema: Mapping[str, Any], arguments: object) -> list[str
 
     Covers ``type``, ``enum``, ``const``, ``anyOf``, ``properties``, ``required``,
     ``additionalProperties``, ``items``, ``prefixItems``, ``minItems``/``maxItems``,
-    ``minimum``/``maximum`` and ``minLength``/``maxLength``; other keywords are ignored.
+    ``minimum``/``maximum``, ``minLength``/``maxLength`` and the string formats ``uuid``,
+    ``date`` and ``date-time``; other keywords are ignored.
     Each problem names the path of the bad value and says what was expected, so that it can
     be handed back to the model as is.
     """
@@ -388,6 +490,14 @@ def _check(schema: object, value: object, path: str, out: list[str]) -> None:
     elif isinstance(value, (list, tuple)):
         _check_array(schema, value, path, out)
     elif isinstance(value, str):
+        parse = _PARSERS.get(schema.get("format", ""))
+        if parse is not None:
+            try:
+                parse(value)
+            except ValueError:
+                wanted = schema["format"]
+                out.append(_at(path, f"expected a {wanted} string, got {_literal(value)}"))
+                return
         if len(value) < schema.get("minLength", 0):
             out.append(_at(path, f"must be at least {schema['minLength']} characters long"))
         if "maxLength" in schema and len(value) > schema["maxLength"]:
@@ -548,8 +658,10 @@ def coerce_arguments(
 ) -> dict[str, Any]:
     """Turn validated JSON arguments into the Python values a function expects.
 
-    Enum values become members, objects become attrs instances, arrays become tuples where
-    the annotation says tuple (and lists where it says list); other values are left alone.
+    Enum values become members, objects become attrs or dataclass instances (``TypedDict``
+    values stay dicts, their fields coerced), formatted strings become ``UUID``, ``datetime``
+    and ``date`` objects, arrays become tuples where the annotation says tuple (and lists
+    where it says list); other values are left alone.
     ``fn_description_or_hints`` is a :class:`FunctionDescription` or a mapping of parameter
     names to annotations.
     """
@@ -576,7 +688,14 @@ def _coerce(tp: Any, value: Any) -> Any:
         return value if arm is None else _coerce(arm, value)
     if origin is Literal:
         return next((arg for arg in args if _same(_to_json(arg), value)), value)
+    if origin is typing.Required or origin is typing.NotRequired:
+        return _coerce(args[0], value)
     if isinstance(tp, type):
+        if tp in _FORMATS and isinstance(value, str):
+            try:
+                return _FORMATS[tp][1](value)
+            except ValueError:
+                return value
         if issubclass(tp, enum.Enum):
             try:
                 return tp(value)
@@ -586,6 +705,15 @@ def _coerce(tp: Any, value: Any) -> Any:
             hints = typing.get_type_hints(tp, include_extras=True)
             fields = [f for f in attrs.fields(tp) if f.init and f.alias in value]
             return tp(**{f.alias: _coerce(hints.get(f.name, Any), value[f.alias]) for f in fields})
+        if dataclasses.is_dataclass(tp) and isinstance(value, Mapping):
+            hints = typing.get_type_hints(tp, include_extras=True)
+            return tp(**{
+                f.name: _coerce(hints.get(f.name, Any), value[f.name])
+                for f in dataclasses.fields(tp) if f.init and f.name in value
+            })
+        if typing.is_typeddict(tp) and isinstance(value, Mapping):
+            hints = typing.get_type_hints(tp, include_extras=True)
+            return {key: _coerce(hints.get(key, Any), item) for key, item in value.items()}
         if tp is int and isinstance(value, float) and value.is_integer():
             return int(value)
     base = origin if origin is not None else tp

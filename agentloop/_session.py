@@ -16,7 +16,7 @@ from ._bus import EventBus
 from ._errors import InvalidContent, PersistenceError
 from ._events import SessionEventAppended
 from ._json import FrozenDict
-from ._model import Content, Message, SessionEvent, ToolCall
+from ._model import Content, Message, PendingApproval, SessionEvent, ToolCall
 
 __all__ = [
     "Session", "LogView", "HistoryView", "Reducer", "recover_crashed_turn", "validate_session_id",
@@ -127,7 +127,8 @@ def _assistant(history: list[Message], event: SessionEvent) -> None:
     content = data.get("content") or ""
     tool_calls = tool_calls_of(event.data)
     reasoning = data.get("reasoning") or None
-    if not content and not tool_calls and not reasoning:
+    blocks = data.get("reasoning_blocks", ())
+    if not content and not tool_calls and not reasoning and not blocks:
         return  # empty assistant content stays out of history
     history.append(
         Message(
@@ -137,6 +138,7 @@ def _assistant(history: list[Message], event: SessionEvent) -> None:
             interrupted=bool(data.get("interrupted")),
             reasoning=reasoning,
             reasoning_signature=data.get("reasoning_signature"),
+            reasoning_blocks=blocks,
         )
     )
 
@@ -169,7 +171,8 @@ class Session:
     """
 
     __slots__ = (
-        "_bus", "_call_ids", "_history", "_log", "_unanswered", "_view", "id", "meta", "turns",
+        "_awaiting", "_bus", "_call_ids", "_history", "_log", "_unanswered", "_view", "id",
+        "meta", "turns",
     )
 
     def __init__(self, session_id: str, meta: FrozenDict, bus: EventBus) -> None:
@@ -184,6 +187,8 @@ class Session:
         self._unanswered: dict[str, tuple[ToolCall, bool]] = {}
         # Every call id the session has used: providers refuse a conversation that repeats one.
         self._call_ids: set[str] | None = None  # allocated with the first call
+        # Calls parked for approval and not answered yet (rebuilt from the log on load).
+        self._awaiting: dict[str, PendingApproval] | None = None
         self.turns = 0
         """The number of the last turn opened in this session."""
 
@@ -205,6 +210,12 @@ class Session:
         """The model's calls without a ``tool/result``, in order, each with whether its
         ``tool/call`` is logged."""
         return tuple(self._unanswered.values())
+
+    @property
+    def awaiting_approval(self) -> tuple[PendingApproval, ...]:
+        """Calls with a ``tool/approval-requested`` and neither an answer nor a result yet,
+        in the order they were parked."""
+        return tuple(self._awaiting.values()) if self._awaiting else ()
 
     def unique_call_id(self, call_id: str, taken: set[str]) -> str:
         """``call_id``, or the first free ``f"{call_id}_{n}"`` (n from 2) if this session or
@@ -232,6 +243,17 @@ class Session:
                 self._unanswered[entry[0].id] = (entry[0], True)
         elif type_ == "tool/result":
             self._unanswered.pop(event.data["call_id"], None)
+            if self._awaiting:
+                self._awaiting.pop(event.data["call_id"], None)
+        elif type_ == "tool/approval-requested":
+            data = cast("_log.ApprovalRequestedData", event.data)
+            if self._awaiting is None:
+                self._awaiting = {}
+            self._awaiting[data["call_id"]] = PendingApproval(
+                data["call_id"], data["name"], data["arguments"], data["prompt"]
+            )
+        elif type_ == "tool/approval-answered" and self._awaiting:
+            self._awaiting.pop(event.data["call_id"], None)
 
     def append(self, type_: str, data: FrozenDict, turn: int | None) -> SessionEvent:
         """Append one event whose ``data`` is already frozen JSON; returns it."""
@@ -244,7 +266,7 @@ class Session:
                 self._track(event)
         elif type_ == "turn/start":
             self.turns = turn or self.turns + 1
-        elif type_ == "tool/call":
+        elif type_ == "tool/call" or type_.startswith("tool/approval-"):
             self._track(event)
         bus = self._bus
         if bus.has_listeners(SessionEventAppended):
@@ -287,7 +309,9 @@ def recover_crashed_turn(session: Session) -> None:
 
     A stream cut by the crash keeps what the user saw, as a cancelled one does: an
     ``interrupted`` anchor citing its text and reasoning chunks. Calls without a result get a
-    synthetic ``INTERRUPTED`` result. Then ``turn/end`` records ``aborted`` with cause ``crash``.
+    synthetic ``INTERRUPTED`` result, except calls parked for approval: they stay unanswered
+    and pending. Then ``turn/end`` records ``aborted`` (``suspended`` when calls await
+    approval) with cause ``crash``.
     """
     open_turn: int | None = None
     cut: list[SessionEvent] = []  # visible chunks of a stream with no anchor yet
@@ -324,7 +348,10 @@ def recover_crashed_turn(session: Session) -> None:
             ),
             open_turn,
         )
+    awaiting = {p.call_id for p in session.awaiting_approval}
     for call, logged in session.unanswered:
+        if call.id in awaiting:
+            continue  # still the person's to answer: pending again once resumed
         if not logged:
             session.append(_log.TOOL_CALL, _log.tool_call(call), open_turn)
         session.append(
@@ -335,6 +362,5 @@ def recover_crashed_turn(session: Session) -> None:
             ),
             open_turn,
         )
-    session.append(
-        _log.TURN_END, _log.turn_end(open_turn, "aborted", cause="crash"), open_turn
-    )
+    reason = "suspended" if awaiting else "aborted"
+    session.append(_log.TURN_END, _log.turn_end(open_turn, reason, cause="crash"), open_turn)

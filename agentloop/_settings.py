@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -9,9 +10,10 @@ from ._bus import EventBus
 from ._errors import SettingsError
 from ._events import SettingChanged
 
-__all__ = ["Settings", "MAX_PARALLEL_TOOL_CALLS"]
+__all__ = ["Settings", "MAX_PARALLEL_TOOL_CALLS", "APPROVAL_TIMEOUT"]
 
 MAX_PARALLEL_TOOL_CALLS = "agent-loop.max_parallel_tool_calls"
+APPROVAL_TIMEOUT = "agent-loop.approval_timeout"
 
 
 def _positive_int(key: str, value: object) -> int:
@@ -20,8 +22,22 @@ def _positive_int(key: str, value: object) -> int:
     return value
 
 
+def _positive_seconds_or_none(key: str, value: object) -> float | None:
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool) or not isinstance(value, (int, float))
+        or not math.isfinite(value) or value <= 0
+    ):
+        raise SettingsError(f"{key}: must be a positive number of seconds (or None), got {value!r}")
+    return value
+
+
 _SCHEMA: dict[str, tuple[Callable[[str, object], Any], Any]] = {
     MAX_PARALLEL_TOOL_CALLS: (_positive_int, 10),
+    APPROVAL_TIMEOUT: (_positive_seconds_or_none, None),
+    "subagents.max_depth": (_positive_int, 3),
+    "subagents.max_children": (_positive_int, 8),
 }
 
 
@@ -29,7 +45,13 @@ class Settings:
     """``ctx.settings``: typed keys with defaults; a bad write raises and changes nothing.
 
     Known keys: ``agent-loop.max_parallel_tool_calls`` (positive int, default 10), read by
-    each agent at the start of every tool group, so a write applies to the next group.
+    each agent at the start of every tool group, so a write applies to the next group;
+    ``agent-loop.approval_timeout`` (positive seconds or ``None``, the default: no limit),
+    ``subagents.max_depth`` and ``subagents.max_children`` (positive ints, defaults 3 and 8:
+    how deep a tree of sub-agents may grow, and how many live children one agent may own);
+    ``agent-loop.approval_timeout``
+    after which a call parked for approval is answered ``DENIED``, read whenever a parked
+    call is checked, so a write applies to the calls already waiting.
     """
 
     def __init__(self, bus: EventBus, initial: Mapping[str, Any] | None = None) -> None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal, TypeAlias
 
 import attrs
+import trio
 
 from ._bus import Disposer
 from ._errors import ToolDefinitionError
@@ -24,6 +27,51 @@ _CONCURRENCY = ("exclusive", "parallel")
 def _check_concurrency(_: object, __: object, value: object) -> None:
     if value not in _CONCURRENCY:
         raise ToolDefinitionError(f"concurrency must be 'exclusive' or 'parallel', got {value!r}")
+
+
+def is_async_callable(fn: object) -> bool:
+    """Whether calling ``fn`` returns an awaitable (an ``async def``, or an instance of a class
+    whose ``__call__`` is one)."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - the bound __call__ of an instance
+    )
+
+
+def in_worker_thread(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+    """``fn`` (a plain function) as an ``async`` callable that runs it in a worker thread.
+
+    A cancelled call (abort, disposal, the tool's ``timeout``) abandons the thread: its
+    result, if it ever comes, is dropped, and the call is reported at once. The thread
+    cannot be stopped, so a body that must not outlive its call checks a deadline itself.
+    """
+
+    @functools.wraps(fn)
+    async def run(**arguments: Any) -> Any:
+        return await trio.to_thread.run_sync(
+            functools.partial(fn, **arguments), abandon_on_cancel=True
+        )
+
+    run.__agentloop_thread__ = True  # type: ignore[attr-defined]
+    return run
+
+
+def _as_async(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+    if not callable(fn):
+        raise ToolDefinitionError(f"a tool's run must be callable, got {fn!r}")
+    if is_async_callable(fn):
+        return fn
+    if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+        raise ToolDefinitionError(
+            f"tool {getattr(fn, '__name__', fn)!r} is a generator; return the result instead"
+        )
+    return in_worker_thread(fn)
+
+
+def _check_timeout(_: object, __: object, value: float | None) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ToolDefinitionError(f"timeout must be a positive number of seconds, got {value!r}")
 
 
 def truncate_content(limit: int) -> Callable[[Content], Content]:
@@ -46,22 +94,24 @@ class Tool:
         name: what the model calls it.
         description: what it does, for the model.
         parameters: the JSON schema of its arguments (an object schema).
-        run: ``async def run(**arguments)``; its return value becomes the result content
-            (a string, or JSON that is rendered as text). Raising gives an error result.
+        run: ``async def run(**arguments)``, or a plain ``def`` that then runs in a worker
+            thread; its return value becomes the result content (a string, or JSON that is
+            rendered as text). Raising gives an error result.
         concurrency: ``"exclusive"`` (a barrier in its step) or ``"parallel"``.
         classify: ``classify(arguments) -> "exclusive" | "parallel"``, decided per call
             right before it starts; overrides ``concurrency``.
-        timeout: seconds before the call is abandoned with a ``TIMEOUT`` error result.
+        timeout: seconds before the call is abandoned with a ``TIMEOUT`` error result (a
+            thread tool's thread is abandoned too).
         finalize_content: maps the result content before it is logged (e.g. truncation).
     """
 
     name: str
     description: str
     parameters: FrozenDict = attrs.field(converter=freeze_object)
-    run: Callable[..., Awaitable[Any]]
+    run: Callable[..., Awaitable[Any]] = attrs.field(converter=_as_async)
     concurrency: Concurrency = attrs.field(default="exclusive", validator=_check_concurrency)
     classify: Callable[[Mapping[str, Any]], Concurrency] | None = None
-    timeout: float | None = None
+    timeout: float | None = attrs.field(default=None, validator=_check_timeout)
     finalize_content: Callable[[Content], Content] | None = None
     to_kwargs: Callable[[Mapping[str, Any]], dict[str, Any]] | None = attrs.field(
         default=None, repr=False
@@ -92,7 +142,7 @@ class Tool:
 
 
 def tool_from_function(
-    fn: Callable[..., Awaitable[Any]],
+    fn: Callable[..., Any],
     *,
     name: str | None = None,
     concurrency: Concurrency = "exclusive",
@@ -100,12 +150,8 @@ def tool_from_function(
     timeout: float | None = None,
     finalize_content: Callable[[Content], Content] | None = None,
 ) -> Tool:
-    import inspect
-
     from ._schema import describe_function
 
-    if not inspect.iscoroutinefunction(fn):
-        raise ToolDefinitionError(f"tool {getattr(fn, '__name__', fn)!r} must be an async def")
     described = describe_function(fn)
     return Tool(
         name or described.name,
@@ -201,7 +247,7 @@ class ToolsFacade:
 
     def tool(
         self,
-        fn: Callable[..., Awaitable[Any]] | None = None,
+        fn: Callable[..., Any] | None = None,
         *,
         name: str | None = None,
         concurrency: Concurrency = "exclusive",
@@ -209,13 +255,17 @@ class ToolsFacade:
         timeout: float | None = None,
         finalize_content: Callable[[Content], Content] | None = None,
     ) -> Any:
-        """Decorator: turn an annotated, documented ``async def`` into a registered tool."""
+        """Decorator: turn an annotated, documented function into a registered tool.
+
+        An ``async def`` runs on the agent's trio task tree; a plain ``def`` runs in a worker
+        thread (``trio.to_thread.run_sync``), so blocking code does not stall the runtime.
+        """
         if concurrency not in _CONCURRENCY:
             raise ToolDefinitionError(
                 f"concurrency must be 'exclusive' or 'parallel', got {concurrency!r}"
             )
 
-        def decorate(f: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
             tool = tool_from_function(
                 f, name=name, concurrency=concurrency, classify=classify, timeout=timeout,
                 finalize_content=finalize_content,

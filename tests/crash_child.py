@@ -2,9 +2,11 @@
 
 It opens a runtime with SQLite persistence at ``DB``, creates session ``crashy`` and sends it a
 prompt. In MODE ``tool`` the model calls the tool ``hang``, whose body never returns; in MODE
-``stream`` the model streams a few text chunks and then never finishes. At that point the child
-waits until every event logged so far is committed, prints ``READY`` and blocks forever, so a
-parent can SIGKILL it at a known place in the log.
+``stream`` the model streams a few text chunks and then never finishes; in MODE ``approval``
+the model calls ``echo`` and ``rm`` in one step, ``rm`` needs approval and nobody answers, so
+``echo`` runs and ``rm`` stays parked. At that point the child waits until every event logged
+so far is committed, prints ``READY`` and blocks forever, so a parent can SIGKILL it at a
+known place in the log.
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ from collections.abc import AsyncIterator
 import trio
 
 import agentloop
+from agentloop import events as ev
 from agentloop.testing import Finish, FunctionModel, ScriptedModel, TextDelta, reply
 
 SESSION = "crashy"
 CALL_ID = "call_hang"
+ECHO_ID, RM_ID = "call_echo", "call_rm"
+RM_PROMPT = "remove /srv/data?"
 CHUNKS = ("partial ", "answer ", "so far")
 OPTIONS = agentloop.AgentOptions(provider="child", model="m")
 
@@ -59,12 +64,37 @@ async def main(db: str, mode: str) -> None:
                 yield Finish("stop")
 
             rt.llm.register("child", FunctionModel(stream))  # type: ignore[arg-type]
+        elif mode == "approval":
+
+            @rt.tools.tool
+            async def echo(text: str) -> str:
+                """Say it back."""
+                return text
+
+            @rt.tools.tool
+            async def rm(path: str) -> str:
+                """Remove a path."""
+                raise AssertionError("rm must not run before it is approved")
+
+            rt.events.on(
+                ev.ToolPreExecute,
+                lambda e: agentloop.Ask(RM_PROMPT) if e.call.name == "rm" else None,
+            )
+            rt.llm.register(
+                "child",
+                ScriptedModel([reply("on it", tool_calls=[
+                    ("echo", {"text": "hi"}, ECHO_ID), ("rm", {"path": "/srv/data"}, RM_ID),
+                ])]),
+            )
         else:
-            raise SystemExit(f"unknown mode {mode!r}; use 'tool' or 'stream'")
+            raise SystemExit(f"unknown mode {mode!r}; use 'tool', 'stream' or 'approval'")
         handle = await rt.agents.create(
             session_id=SESSION, meta={"cwd": "/srv/crashy"}, agent_options=OPTIONS
         )
         handle.agent.followup("start working")
+        if mode == "approval":
+            await handle.agent.wait_idle()  # returns once the turn waits only for a person
+            await ready_then_hang(rt)
         await trio.sleep_forever()
 
 

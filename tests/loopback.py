@@ -323,3 +323,33 @@ async def collect(adapter: Any, request: LLMRequest) -> list[StreamPart]:
     """Every part of one adapter stream, closing it properly."""
     async with contextlib.aclosing(adapter.stream(request)) as parts:
         return [part async for part in parts]
+
+
+async def fold_reply(adapter: Any, request: LLMRequest | None = None) -> Message:
+    """The assistant message one adapter stream folds into (a fresh session, real fold).
+
+    This is the path a reply takes in the runtime: parts, log, anchor, derived history.
+    """
+    from agentloop import FrozenDict
+    from agentloop._bus import EventBus
+    from agentloop._log import USER_MESSAGE, claimed_message
+    from agentloop._reply import fold_stream
+    from agentloop._session import Session
+
+    session = Session("s", FrozenDict(), EventBus())
+    session.append(USER_MESSAGE, claimed_message("m1", "hi", None), 1)
+    await fold_stream(session, 1, 1, adapter.stream(request or make_request()))
+    history = session.messages()
+    assert len(history) == 2, history
+    return history[-1]
+
+
+async def sent_body(make_adapter: Callable[[str], Any], messages: tuple[Message, ...],
+                    **config: Any) -> Any:
+    """The JSON body an adapter sends for ``messages`` (the server answers 400)."""
+    from agentloop import ProviderError
+
+    async with serve(json_error(400, {"error": {"message": "seen"}})) as server:
+        with pytest.raises(ProviderError):
+            await collect(make_adapter(server.url), make_request(messages, **config))
+    return server.requests[-1].json()

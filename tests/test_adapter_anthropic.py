@@ -161,6 +161,8 @@ async def test_text_fixture_without_final_blank_line(chunk_size: int | None) -> 
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": 0,
         "output_tokens": 11,
+        "cache_read_tokens": 0,
+        "cache_write_tokens": 0,
     }
     assert parts == [
         TextDelta("Bonjour"),
@@ -191,6 +193,7 @@ async def test_thinking_and_signature_fixture() -> None:
     parts = await run(loopback.replay_fixture("anthropic-messages-thinking.sse", chunk_size=17))
     signature = "YWdlbnRsb29wIGZpeHR1cmUgc2lnbmF0dXJlLCBub3QgYSByZWFsIG9uZQ=="
     assert parts[:-1] == [
+        ReasoningDelta("", format="anthropic", fields={"type": "thinking"}),
         ReasoningDelta("The user asks for 12 \u00d7 12."),
         ReasoningDelta(" Ten twelves are 120, plus two"),
         ReasoningDelta(" more is 144."),
@@ -287,7 +290,8 @@ async def test_thinking_signature_and_refusal_capture() -> None:
     parts = await run(loopback.replay("anthropic-messages-thinking-padded-synthetic.sse"))
     reasoning = [p for p in parts if isinstance(p, ReasoningDelta)]
     assert "".join(r.text for r in reasoning).startswith("Simple educational question")
-    assert all(r.text for r in reasoning[:-1])
+    assert reasoning[0] == ReasoningDelta("", format="anthropic", fields={"type": "thinking"})
+    assert all(r.text for r in reasoning[1:-1])
     assert reasoning[-1] == ReasoningDelta(
         "", signature="c3ludGhldGljLXNpZ25hdHVyZS1maXh0dXJlLWEtbm90LWEtcmVhbC1zaWduYXR1cmU="
     )
@@ -634,3 +638,119 @@ def test_repr_and_defaults() -> None:
     adapter = AnthropicAdapter("https://api.anthropic.com/v1", api_key=KEY)
     assert repr(adapter) == "AnthropicAdapter(base_url='https://api.anthropic.com/v1')"
     assert adapter.defaults == AdapterDefaults(max_tokens=4096)
+
+
+# --- reasoning blocks, base URLs, prompt caching ----------------------------------------------
+
+SIG_ONE = "c2lnLW9uZS1hZ2VudGxvb3AtZml4dHVyZQ=="
+SIG_TWO = "c2lnLXR3by1hZ2VudGxvb3AtZml4dHVyZQ=="
+REDACTED = "RURBQ1RFRC1hZ2VudGxvb3AtZml4dHVyZS1ub3QtcmVhbA=="
+
+
+@pytest.mark.parametrize("chunk_size", [None, 13])
+async def test_redacted_and_several_thinking_blocks_fixture(chunk_size: int | None) -> None:
+    parts = await run(
+        loopback.replay_fixture("anthropic-messages-redacted-thinking.sse", chunk_size=chunk_size)
+    )
+    reasoning = [p for p in parts if isinstance(p, ReasoningDelta)]
+    assert [p.block for p in reasoning] == [0, 0, 0, 0, 1, 2, 2, 2]
+    assert reasoning[4] == ReasoningDelta(
+        "", block=1, format="anthropic", fields={"type": "redacted_thinking", "data": REDACTED}
+    )
+    assert [p.signature for p in reasoning if p.signature] == [SIG_ONE, SIG_TWO]
+    finish = finish_of(parts)
+    assert finish.reason == "tool_calls"
+    assert finish.usage is not None
+    assert (finish.usage["cache_read_tokens"], finish.usage["cache_write_tokens"]) == (4096, 2048)
+
+
+async def test_every_thinking_block_is_replayed_in_order_with_its_signature() -> None:
+    with trio.fail_after(10):
+        async with serve(
+            loopback.replay_fixture("anthropic-messages-redacted-thinking.sse")
+        ) as server:
+            message = await loopback.fold_reply(
+                AnthropicAdapter(server.url, api_key=KEY), make_request()
+            )
+        assert message.reasoning == "First, find the file. Then read it.The path is README.md."
+        assert message.reasoning_signature == SIG_TWO  # the older field keeps the last one
+        body = await loopback.sent_body(
+            lambda url: AnthropicAdapter(url, api_key=KEY),
+            (Message("user", "hi"), message, Message("tool", "# title", tool_call_id=(
+                message.tool_calls[0].id))),
+            max_tokens=100,
+        )
+    assert dumps(body["messages"][1]["content"]) == dumps([
+        {"type": "thinking", "thinking": "First, find the file. Then read it.",
+         "signature": SIG_ONE},
+        {"type": "redacted_thinking", "data": REDACTED},
+        {"type": "thinking", "thinking": "The path is README.md.", "signature": SIG_TWO},
+        {"type": "text", "text": "Reading it now."},
+        {"type": "tool_use", "id": "toolu_al_fixture_redacted", "name": "read_file",
+         "input": {"path": "README.md"}},
+    ])
+
+
+async def test_foreign_or_unsigned_blocks_are_not_sent_as_thinking() -> None:
+    history = (
+        Message("user", "q"),
+        Message("assistant", "a", reasoning="from elsewhere", reasoning_blocks=(
+            frozen({"format": "openai-chat", "text": "from elsewhere",
+                    "fields": {"field": "reasoning_content"}}),)),
+        Message("user", "q2"),
+        Message("assistant", "b", reasoning="cut", reasoning_blocks=(
+            frozen({"format": "anthropic", "text": "cut", "fields": {"type": "thinking"}}),)),
+        Message("user", "q3"),
+    )
+    body = await loopback.sent_body(lambda url: AnthropicAdapter(url, api_key=KEY), history,
+                                    max_tokens=10)
+    assert body["messages"][1]["content"] == [{"type": "text", "text": "a"}]
+    assert body["messages"][3]["content"] == [{"type": "text", "text": "b"}]
+
+
+@pytest.mark.parametrize("suffix", ["", "/", "/v1", "/v1/"])
+async def test_base_url_with_or_without_the_version(suffix: str) -> None:
+    body = loopback.named_sse(message_start(), *message_end())
+    with trio.fail_after(10):
+        async with serve(loopback.sse_body(body)) as server:
+            root = server.url.removesuffix("/v1")
+            await collect(AnthropicAdapter(root + suffix, api_key=KEY), make_request())
+    assert [r.path for r in server.requests] == ["/v1/messages"]
+
+
+async def test_prompt_caching_breakpoints() -> None:
+    marker = {"type": "ephemeral", "ttl": "1h"}
+    history = (
+        Message("user", "first"),
+        Message("assistant", "ok", reasoning="t", reasoning_signature="s"),
+        Message("user", ({"type": "text", "text": "a"}, {"type": "text", "text": "b"})),
+    )
+    async with serve(loopback.json_error(400, {"error": {"message": "x"}})) as server:
+        adapter = AnthropicAdapter(server.url, api_key=KEY, cache=("system", "tools", "history"),
+                                   cache_ttl="1h")
+        with pytest.raises(ProviderError):
+            await collect(adapter, make_request(history, system="sys", tools=(WEATHER, WEATHER)))
+    got = server.requests[-1].json()
+    assert got["system"] == [{"type": "text", "text": "sys", "cache_control": marker}]
+    assert "cache_control" not in got["tools"][0]
+    assert got["tools"][1]["cache_control"] == marker
+    assert got["messages"][0]["content"] == "first"
+    assert got["messages"][2]["content"] == [
+        {"type": "text", "text": "a"}, {"type": "text", "text": "b", "cache_control": marker}
+    ]
+
+
+async def test_no_cache_control_unless_asked() -> None:
+    body = await loopback.sent_body(
+        lambda url: AnthropicAdapter(url, api_key=KEY), (Message("user", "x"),), max_tokens=10
+    )
+    assert "cache_control" not in json.dumps(body)
+
+
+def test_invalid_cache_options_are_config_errors() -> None:
+    from agentloop import ConfigError
+
+    with pytest.raises(ConfigError, match="breakpoints"):
+        AnthropicAdapter("https://api.anthropic.com", cache=("everything",))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="cache_ttl"):
+        AnthropicAdapter("https://api.anthropic.com", cache_ttl="1d")  # type: ignore[arg-type]

@@ -142,6 +142,7 @@ async def test_text_with_usage_fixture(chunk_size: int | None) -> None:
         "reasoning_tokens": 0,
         "accepted_prediction_tokens": 0,
         "rejected_prediction_tokens": 0,
+        "cache_read_tokens": 0,
     }
 
 
@@ -193,7 +194,8 @@ async def test_parallel_tool_calls_fixture() -> None:
 async def test_deepseek_reasoning_fixture(chunk_size: int | None) -> None:
     parts = await run(loopback.replay_fixture("deepseek-chat-reasoning.sse", chunk_size=chunk_size))
     assert parts[:-1] == [
-        ReasoningDelta("Seventeen has no divisor"),
+        ReasoningDelta("Seventeen has no divisor", format="openai-chat",
+                       fields={"field": "reasoning_content"}),
         ReasoningDelta(" between 2 and \u221a17."),
         TextDelta("Yes, 17"),
         TextDelta(" is prime."),
@@ -311,10 +313,14 @@ async def test_reasoning_keepalives_and_usage_on_the_finish_chunk() -> None:
     )
     parts = await run(loopback.sse_body(body))
     assert parts == [
-        ReasoningDelta("Think"),
+        ReasoningDelta("Think", format="openai-chat", fields={"field": "reasoning_content"}),
         ReasoningDelta("ing."),
         TextDelta("Answer"),
-        Finish("stop", {"input_tokens": 5, "output_tokens": 7, "prompt_cache_hit_tokens": 3}),
+        Finish(
+            "stop",
+            {"input_tokens": 5, "output_tokens": 7, "prompt_cache_hit_tokens": 3,
+             "cache_read_tokens": 3},
+        ),
     ]
 
 
@@ -735,3 +741,252 @@ def test_sse_decoder_close_is_idempotent_and_drops_nameless_empties() -> None:
     assert decoder.feed("event: x\n\n: only a comment\n\n") == []
     assert decoder.close() == []
     assert decoder.close() == []
+
+
+# --- reasoning fields, replay, DeepSeek tool-call turns, cached tokens ----------------------
+
+
+async def test_vllm_reasoning_field_becomes_a_block_replayed_under_that_field() -> None:
+    body = loopback.sse(
+        chunk({"role": "assistant", "reasoning": "Think"}),
+        chunk({"reasoning": "ing."}),
+        chunk({"content": "Done."}, "stop"),
+        done=True,
+    )
+    with trio.fail_after(10):
+        async with serve(loopback.sse_body(body)) as server:
+            message = await loopback.fold_reply(OpenAIChatAdapter(server.url, api_key=KEY))
+        assert message.reasoning == "Thinking."
+        sent = await loopback.sent_body(
+            lambda url: OpenAIChatAdapter(url, api_key=KEY), (Message("user", "hi"), message)
+        )
+    assert sent["messages"][1] == {
+        "role": "assistant", "content": "Done.", "reasoning": "Thinking."
+    }
+
+
+async def test_a_server_sending_both_fields_is_read_once() -> None:
+    parts = await run(loopback.sse_body(loopback.sse(
+        chunk({"reasoning_content": "A", "reasoning": "A"}),
+        chunk({"reasoning_content": "B", "reasoning": "B"}),
+        chunk({}, "stop"),
+    )))
+    assert "".join(p.text for p in parts if isinstance(p, ReasoningDelta)) == "AB"
+
+
+async def test_foreign_reasoning_is_sent_as_reasoning_content() -> None:
+    message = Message("assistant", "x", reasoning="signed elsewhere", reasoning_blocks=(
+        frozen({"format": "anthropic", "text": "signed elsewhere", "signature": "s"}),))
+    sent = await loopback.sent_body(
+        lambda url: OpenAIChatAdapter(url, api_key=KEY), (Message("user", "q"), message)
+    )
+    assert sent["messages"][1]["reasoning_content"] == "signed elsewhere"
+    assert "reasoning" not in sent["messages"][1]
+
+
+@pytest.mark.parametrize("pad", [True, False])
+async def test_tool_call_turns_carry_reasoning_content_when_asked(pad: bool) -> None:
+    history = (
+        Message("user", "q"),
+        Message("assistant", "", tool_calls=(ToolCall("c1", "f", frozen({})),)),
+        Message("tool", "r", tool_call_id="c1", name="f"),
+        Message("assistant", "plain answer"),
+    )
+    sent = await loopback.sent_body(
+        lambda url: OpenAIChatAdapter(url, api_key=KEY, tool_call_reasoning=pad), history
+    )
+    assert ("reasoning_content" in sent["messages"][1]) is pad
+    if pad:
+        assert sent["messages"][1]["reasoning_content"] == ""
+    assert "reasoning_content" not in sent["messages"][3]
+
+
+def test_tool_call_reasoning_defaults_on_for_deepseek_only() -> None:
+    assert OpenAIChatAdapter("https://api.deepseek.com").tool_call_reasoning
+    assert OpenAIChatAdapter("https://api.deepseek.com/v1").tool_call_reasoning
+    assert not OpenAIChatAdapter("https://api.openai.com/v1").tool_call_reasoning
+    assert not OpenAIChatAdapter("https://notdeepseek.com/v1").tool_call_reasoning
+
+
+async def test_cached_prompt_tokens_are_reported_as_cache_reads() -> None:
+    parts = await run(loopback.replay_fixture("openai-chat-parallel-tool-calls.sse"))
+    usage = only_finish(parts).usage
+    assert usage is not None and usage["cache_read_tokens"] == usage["cached_tokens"] == 64
+
+
+async def test_the_base_url_is_used_as_given() -> None:
+    body = loopback.sse(chunk({}, "stop"))
+    with trio.fail_after(10):
+        async with serve(loopback.sse_body(body)) as server:
+            root = server.url.removesuffix("/v1")
+            await collect(OpenAIChatAdapter(root, api_key=KEY), make_request())
+    assert [r.path for r in server.requests] == ["/chat/completions"]
+
+
+# --- failures that are not the provider's ---------------------------------------------------
+
+
+class _Boom(Exception):
+    pass
+
+
+class _FailsMidStream:
+    """A foreign adapter (no ModelAdapter subclass) whose stream breaks after one part."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def stream(self, request: LLMRequest) -> Any:
+        self.calls += 1
+        yield TextDelta("partial ")
+        if self.calls == 1:
+            raise _Boom("adapter bug")
+        yield TextDelta("fine")
+        yield Finish("stop")
+
+
+class _FailsAtCall:
+    def stream(self, request: LLMRequest) -> Any:
+        raise _Boom("cannot even start")
+
+
+class _BrokenDecoder(OpenAIChatAdapter):
+    def _decoder(self) -> Any:
+        decoder = super()._decoder()
+        original = decoder.feed
+
+        def feed(event: SSEEvent) -> list[StreamPart]:
+            parts = original(event)
+            if parts:
+                raise KeyError(f"unforeseen payload, key {KEY}")
+            return parts
+
+        decoder.feed = feed  # type: ignore[method-assign]
+        return decoder
+
+
+async def _errors_seen(adapter: Any, *, retry: bool) -> tuple[list[ProviderError], list[str]]:
+    import agentloop
+    from agentloop.events import AgentRequestError, Retry
+
+    seen: list[ProviderError] = []
+
+    def decide(event: AgentRequestError) -> object:
+        seen.append(event.error)
+        return Retry() if retry and len(seen) == 1 else None
+
+    async with agentloop.open_runtime() as rt:
+        rt.llm.register("p", adapter)
+        rt.events.on(AgentRequestError, decide)
+        handle = await rt.agents.create(
+            session_id="s1", agent_options=agentloop.AgentOptions(provider="p", model="m")
+        )
+        async with handle:
+            with trio.fail_after(10):
+                handle.agent.followup("hi")
+                await handle.agent.wait_idle()
+            ends = [e.data["reason"] for e in handle.agent.session.events if e.type == "turn/end"]
+    return seen, ends
+
+
+async def test_an_exception_inside_a_foreign_stream_reaches_request_error_and_retries() -> None:
+    seen, ends = await _errors_seen(_FailsMidStream(), retry=True)
+    assert [e.code for e in seen] == ["adapter_error"]
+    assert isinstance(seen[0].__cause__, _Boom)
+    assert "adapter bug" in seen[0].message
+    assert ends == ["completed"]
+
+
+async def test_an_exception_when_a_stream_is_opened_is_a_provider_failure() -> None:
+    seen, ends = await _errors_seen(_FailsAtCall(), retry=False)
+    assert [e.code for e in seen] == ["adapter_error"]
+    assert isinstance(seen[0].__cause__, _Boom)
+    assert ends == ["error"]
+
+
+async def test_a_decoder_bug_in_an_http_adapter_is_a_masked_provider_failure() -> None:
+    body = loopback.sse(chunk({"content": "x"}), chunk({}, "stop"), done=True)
+    async with serve(loopback.sse_body(body)) as server:
+        seen, ends = await _errors_seen(_BrokenDecoder(server.url, api_key=KEY), retry=False)
+    assert [e.code for e in seen] == ["adapter_error"]
+    assert isinstance(seen[0].__cause__, KeyError)
+    assert_no_key(seen[0], seen[0].__cause__)
+    assert ends == ["error"]
+
+
+async def test_a_failing_llm_stream_handler_is_a_provider_failure() -> None:
+    service = LLMService(EventBus())
+
+    async def parts() -> Any:
+        yield TextDelta("x")
+        raise _Boom("served badly")
+
+    from agentloop.events import LlmStream
+
+    service._bus.on(LlmStream, lambda event: parts())
+    prepared = await service.prepare_call(CallConfig(provider="none", model="m"))
+    stream = await prepared.open(make_request(), agent_id="a")
+    with pytest.raises(ProviderError) as info:
+        _ = [part async for part in stream]
+    assert info.value.code == "adapter_error"
+    assert isinstance(info.value.__cause__, _Boom)
+
+
+# --- Gemini's OpenAI-compatible endpoint ----------------------------------------------------
+
+
+def _gemini_call(call_id: str, name: str, arguments: str, signature: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function",
+            "function": {"name": name, "arguments": arguments},
+            "extra_content": {"google": {"thought_signature": signature}}}
+
+
+GEMINI_STREAM = loopback.sse(
+    chunk({"role": "assistant", "tool_calls": [_gemini_call("c-1", "read", '{"p":1}', "sigA")]}),
+    chunk({"tool_calls": [_gemini_call("c-2", "read", '{"p":2}', "sigB")]}),
+    chunk({}, "stop"),
+    done=True,
+)
+
+
+async def test_unindexed_calls_with_thought_signatures_and_a_stop_finish() -> None:
+    parts = await run(loopback.sse_body(GEMINI_STREAM))
+    calls = tool_calls(parts)
+    assert calls == {
+        0: {"id": "c-1", "name": "read", "arguments": '{"p":1}'},
+        1: {"id": "c-2", "name": "read", "arguments": '{"p":2}'},
+    }
+    assert only_finish(parts).reason == "tool_calls"
+
+
+async def test_thought_signatures_go_back_on_their_calls() -> None:
+    with trio.fail_after(10):
+        async with serve(loopback.sse_body(GEMINI_STREAM)) as server:
+            message = await loopback.fold_reply(OpenAIChatAdapter(server.url, api_key=KEY))
+        sent = await loopback.sent_body(
+            lambda url: OpenAIChatAdapter(url, api_key=KEY), (Message("user", "hi"), message)
+        )
+    assert dumps(sent["messages"][1]["tool_calls"]) == dumps([
+        _gemini_call("c-1", "read", '{"p":1}', "sigA"),
+        _gemini_call("c-2", "read", '{"p":2}', "sigB"),
+    ])
+    assert "reasoning_content" not in sent["messages"][1]
+
+
+async def test_a_forced_function_finishing_with_stop_is_a_tool_call_finish() -> None:
+    parts = await run(loopback.sse_body(loopback.sse(
+        chunk({"tool_calls": [{"index": 0, "id": "c", "type": "function",
+                               "function": {"name": "f", "arguments": "{}"}}]}),
+        chunk({}, "stop"),
+    )))
+    assert only_finish(parts).reason == "tool_calls"
+
+
+def test_only_the_shipped_http_streams_skip_the_runtime_guard() -> None:
+    class OwnStream(OpenAIChatAdapter):
+        def stream(self, request: LLMRequest) -> Any:
+            return super().stream(request)
+
+    assert OpenAIChatAdapter._raises_provider_errors
+    assert _BrokenDecoder._raises_provider_errors  # same stream, decoder failures converted
+    assert not OwnStream._raises_provider_errors

@@ -226,9 +226,16 @@ async def test_deny_and_ask(rt, model) -> None:
     )
     agent = await run_turn(rt)
     results = [e.data for e in of_type(agent, "tool/result")]
-    assert [r["error_code"] for r in results] == ["DENIED", "DENIED", None]
+    # Without a tools/approval answer, Ask parks the call durably (contract section 8).
+    assert [r["error_code"] for r in results] == ["DENIED", None]
     assert "not the root" in results[0]["content"]
-    assert "nobody approved" in results[1]["content"]
+    [pending] = agent.pending_approvals
+    assert (pending.name, pending.prompt) == ("rm", "remove /etc?")
+    assert agent.deny(pending.call_id, reason="nobody approved")
+    await agent.wait_idle()
+    results = [e.data for e in of_type(agent, "tool/result")]
+    assert [r["error_code"] for r in results] == ["DENIED", None, "DENIED"]
+    assert "nobody approved" in results[2]["content"]
     assert ran == ["/tmp/x"]
 
 

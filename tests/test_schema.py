@@ -811,3 +811,161 @@ def test_generated_arguments_coerce_to_a_call(data: st.DataObject) -> None:
     assert all(isinstance(stop, Point) for stop in kwargs["f"].stops)
     if "h" in kwargs and not isinstance(kwargs["h"], str):
         assert isinstance(kwargs["h"], Level)
+
+
+# --- dataclasses, TypedDict, UUID, datetime, date ---------------------------------------------
+
+import dataclasses
+import datetime
+import uuid
+from typing import NotRequired, TypedDict
+
+from agentloop._schema import coerce_value, schema_for_type
+
+
+@dataclasses.dataclass(frozen=True)
+class Booking:
+    """A room booking.
+
+    Attributes:
+        room: the room's id.
+        day: the day booked.
+    """
+
+    room: uuid.UUID
+    day: datetime.date
+    guests: int = 1
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+class Window(TypedDict):
+    """A time window."""
+
+    start: datetime.datetime
+    end: NotRequired[datetime.datetime]
+
+
+def _book(booking: Booking, window: Window, by: uuid.UUID | None = None) -> None:
+    """Book a room.
+
+    Args:
+        booking: what to book.
+        window: when.
+        by: who books it.
+    """
+
+
+ROOM = "6f1c0c9e-5a43-4d1e-9a3e-5d6b1f7c2a10"
+ROOM_ID = uuid.UUID(ROOM)
+NEW_YEAR = datetime.date(2026, 1, 1)
+
+
+def test_dataclass_typeddict_and_formats_have_schemas() -> None:
+    params = thaw(describe_function(_book).parameters)
+    assert params["required"] == ["booking", "window"]
+    booking = params["properties"]["booking"]
+    assert booking["description"] == "what to book."
+    assert booking["properties"]["room"] == {
+        "type": "string", "format": "uuid", "description": "the room's id.",
+    }
+    assert booking["properties"]["day"] == {
+        "type": "string", "format": "date", "description": "the day booked.",
+    }
+    assert booking["properties"]["guests"] == {"type": "integer", "default": 1}
+    assert booking["properties"]["notes"] == {"type": "array", "items": {"type": "string"}}
+    assert booking["required"] == ["room", "day"]
+    assert booking["additionalProperties"] is False
+    window = params["properties"]["window"]
+    assert window["properties"]["start"] == {"type": "string", "format": "date-time"}
+    assert window["properties"]["end"] == {"type": "string", "format": "date-time"}
+    assert window["required"] == ["start"]
+    assert window["additionalProperties"] is False
+    by = params["properties"]["by"]
+    assert (by["type"], by["format"]) == (["string", "null"], "uuid")
+    assert validate_arguments(by, None) == []
+    assert validate_arguments(by, "x") == ["expected a uuid string, got 'x'"]
+
+
+def test_formatted_values_are_checked_and_coerced() -> None:
+    desc = describe_function(_book)
+    good = {
+        "booking": {"room": ROOM, "day": "2026-12-24", "guests": 2},
+        "window": {"start": "2026-12-24T15:00:00+01:00"},
+        "by": ROOM,
+    }
+    assert validate_arguments(desc.parameters, good) == []
+    kwargs = desc.to_call_kwargs(good)
+    assert kwargs["booking"] == Booking(uuid.UUID(ROOM), datetime.date(2026, 12, 24), 2)
+    start = kwargs["window"]["start"]
+    assert start == datetime.datetime(
+        2026, 12, 24, 15, tzinfo=datetime.timezone(datetime.timedelta(hours=1))
+    )
+    assert kwargs["by"] == uuid.UUID(ROOM)
+    bad = {
+        "booking": {"room": "room-1", "day": "24/12/2026"},
+        "window": {"start": "soon", "extra": 1},
+    }
+    assert validate_arguments(desc.parameters, bad) == [
+        "booking.room: expected a uuid string, got 'room-1'",
+        "booking.day: expected a date string, got '24/12/2026'",
+        "window.start: expected a date-time string, got 'soon'",
+        "window: unexpected field 'extra' (allowed: start, end)",
+    ]
+
+
+def test_schema_for_type_and_coerce_value_for_output_types() -> None:
+    assert thaw(schema_for_type(Window))["required"] == ["start"]
+    value = coerce_value(list[Booking], [{"room": ROOM, "day": "2026-01-02"}])
+    assert value == [Booking(uuid.UUID(ROOM), datetime.date(2026, 1, 2))]
+    assert coerce_value(datetime.date, "2026-01-02") == datetime.date(2026, 1, 2)
+    with pytest.raises(ToolDefinitionError, match="has no JSON schema"):
+        schema_for_type(set[int])
+
+
+def test_defaults_of_these_types_are_shown_as_json() -> None:
+    def f(
+        when: datetime.date = NEW_YEAR,
+        who: uuid.UUID = ROOM_ID,
+        booking: Booking | None = None,
+    ) -> None:
+        """F."""
+
+    props = thaw(describe_function(f).parameters)["properties"]
+    assert props["when"]["default"] == "2026-01-01"
+    assert props["who"]["default"] == ROOM
+
+
+async def test_a_tool_receives_coerced_values_and_a_bad_format_goes_back_to_the_model(
+    rt, model
+) -> None:
+    from conftest import OPTIONS, of_type
+
+    from agentloop.testing import reply
+
+    got: list[object] = []
+
+    @rt.tools.tool
+    async def book(booking: Booking, window: Window) -> str:
+        """Book a room."""
+        got.append((booking, window))
+        return "booked"
+
+    model.add(
+        reply("", tool_calls=[
+            ("book", {"booking": {"room": "nope", "day": "2026-12-24"},
+                      "window": {"start": "2026-12-24T10:00:00"}}),
+            ("book", {"booking": {"room": ROOM, "day": "2026-12-24"},
+                      "window": {"start": "2026-12-24T10:00:00"}}),
+        ]),
+        reply("ok"),
+    )
+    handle = await rt.agents.create(session_id="s", agent_options=OPTIONS)
+    handle.agent.followup("book it")
+    await handle.agent.wait_idle()
+    first, second = (e.data for e in of_type(handle.agent, "tool/result"))
+    assert first["error_code"] == "INVALID_ARGUMENTS"
+    assert "booking.room: expected a uuid string, got 'nope'" in first["content"]
+    assert second["content"] == "booked"
+    [(booking, window)] = got
+    assert booking == Booking(uuid.UUID(ROOM), datetime.date(2026, 12, 24))
+    assert window == {"start": datetime.datetime(2026, 12, 24, 10)}

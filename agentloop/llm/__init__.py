@@ -1,7 +1,8 @@
 """Model adapters: the boundary between the loop and a provider's wire format.
 
 ``OpenAIChatAdapter`` speaks OpenAI-compatible chat completions (OpenAI, DeepSeek, vLLM,
-llama.cpp's server, Ollama); ``AnthropicAdapter`` speaks the Messages API. Other providers
+llama.cpp's server, Ollama); ``OpenAIResponsesAdapter`` speaks OpenAI's Responses API;
+``AnthropicAdapter`` speaks the Messages API. Other providers
 subclass ``ModelAdapter``; an object that only has a ``stream(request)`` method returning an
 async iterator of parts is accepted too.
 """
@@ -16,9 +17,11 @@ from ._anthropic import AnthropicAdapter as AnthropicAdapter
 from ._base import AdapterDefaults as AdapterDefaults
 from ._base import ModelAdapter as ModelAdapter
 from ._openai import OpenAIChatAdapter as OpenAIChatAdapter
+from ._responses import OpenAIResponsesAdapter as OpenAIResponsesAdapter
 
 __all__ = [
     "OpenAIChatAdapter",
+    "OpenAIResponsesAdapter",
     "AnthropicAdapter",
     "ModelAdapter",
     "AdapterDefaults",

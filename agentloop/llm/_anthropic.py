@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, ClassVar, Literal
+from urllib.parse import urlsplit
 
-from .._errors import ProviderError
+import httpx
+
+from .._errors import ConfigError, ProviderError
+from .._json import FrozenDict
 from .._model import (
     CallConfig,
     Finish,
@@ -21,10 +25,15 @@ from .._model import (
 from ._base import AdapterDefaults
 from ._wire import HTTPStreamAdapter, SSEEvent, dumps, error_fields, int_counters, parse_event_json
 
-__all__ = ["AnthropicAdapter"]
+__all__ = ["AnthropicAdapter", "CacheBreakpoint"]
 
 ANTHROPIC_VERSION = "2023-06-01"
 _FALLBACK_MAX_TOKENS = 4096
+FORMAT = "anthropic"
+
+CacheBreakpoint = Literal["system", "tools", "history"]
+_BREAKPOINTS: frozenset[str] = frozenset(("system", "tools", "history"))
+_CACHE_TTLS = ("5m", "1h")
 
 _STOP_REASONS: dict[str, FinishReason] = {
     "end_turn": "stop",
@@ -37,19 +46,29 @@ _STOP_REASONS: dict[str, FinishReason] = {
 
 
 class AnthropicAdapter(HTTPStreamAdapter):
-    """Streams ``POST {base_url}/messages`` of the Anthropic Messages API.
+    """Streams ``POST {base_url}/v1/messages`` of the Anthropic Messages API.
 
     Args:
-        base_url: the API root, e.g. ``"https://api.anthropic.com/v1"``.
+        base_url: the API root as the Anthropic SDK takes it (``ANTHROPIC_BASE_URL``), e.g.
+            ``"https://api.anthropic.com"``; a URL that already ends in ``/v1`` works too.
         api_key: sent as ``x-api-key``; never shown in reprs or errors.
         headers: extra request headers such as ``anthropic-beta`` (they win over the
             adapter's own).
         client: the ``httpx.AsyncClient`` to use; by default the runtime's pooled client.
         defaults: values the runtime fills in when a call leaves them unset; ``max_tokens``
             is 4096 unless given, because the API requires it.
+        cache: prompt-caching breakpoints to mark with ``cache_control``: ``"system"`` (the
+            system prompt), ``"tools"`` (the last tool) and ``"history"`` (the last block of
+            the last history message, which every later step of the session repeats).
+        cache_ttl: ``"5m"`` or ``"1h"``; unset uses the API's default (5 minutes).
 
-    Thinking blocks stream as reasoning parts (their signature as a reasoning part with empty
-    text) and are replayed when an assistant message keeps both reasoning and signature.
+    Every ``thinking`` and ``redacted_thinking`` block streams as its own reasoning block
+    (format ``"anthropic"``; the signature as a reasoning part with empty text, a redacted
+    block's ``data`` in its fields) and is replayed verbatim, in order. An assistant message
+    without such blocks gets one thinking block when it keeps both reasoning and signature;
+    reasoning without a signature is not sent (the API refuses it). Cache reads and writes
+    are reported as ``cache_read_tokens`` and ``cache_write_tokens`` beside the API's own
+    counters.
     ``reasoning_effort`` has no direct equivalent here; pass ``thinking`` through
     ``config.extra``, which is merged into the request body last. A ``stop_reason`` this
     adapter does not know (``pause_turn`` of server tools, ...) finishes the call with
@@ -59,6 +78,41 @@ class AnthropicAdapter(HTTPStreamAdapter):
     _path: ClassVar[str] = "/messages"
     _kind: ClassVar[str] = "anthropic"
     _default_defaults: ClassVar[AdapterDefaults] = AdapterDefaults(max_tokens=_FALLBACK_MAX_TOKENS)
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        client: httpx.AsyncClient | None = None,
+        defaults: AdapterDefaults | None = None,
+        cache: Collection[CacheBreakpoint] = (),
+        cache_ttl: Literal["5m", "1h"] | None = None,
+    ) -> None:
+        super().__init__(
+            base_url, api_key=api_key, headers=headers, client=client, defaults=defaults
+        )
+        if isinstance(cache, str) or not set(cache) <= _BREAKPOINTS:
+            raise ConfigError(
+                f"anthropic: cache must list breakpoints among {sorted(_BREAKPOINTS)}, "
+                f"got {cache!r}"
+            )
+        if cache_ttl is not None and cache_ttl not in _CACHE_TTLS:
+            raise ConfigError(
+                f"anthropic: cache_ttl must be one of {list(_CACHE_TTLS)}, got {cache_ttl!r}"
+            )
+        self.cache: frozenset[str] = frozenset(cache)
+        marker: dict[str, str] = {"type": "ephemeral"}
+        if cache_ttl is not None:
+            marker["ttl"] = cache_ttl
+        self._marker = FrozenDict(marker)
+        # The SDK's convention: the root without the version; a root that has it is kept.
+        version = "" if urlsplit(self.base_url).path.endswith("/v1") else "/v1"
+        self._endpoint = f"{self.base_url}{version}{self._path}"
+
+    def _url(self) -> str:
+        return self._endpoint
 
     def validate(self, config: CallConfig) -> None:
         """Also refuse a call without ``max_tokens``, which the Messages API requires."""
@@ -79,11 +133,21 @@ class AnthropicAdapter(HTTPStreamAdapter):
         body: dict[str, Any] = {"model": config.model}
         if config.max_tokens is not None:
             body["max_tokens"] = config.max_tokens
+        cache = self.cache
         if request.system:
-            body["system"] = request.system
+            if "system" in cache:
+                body["system"] = [
+                    {"type": "text", "text": request.system, "cache_control": self._marker}
+                ]
+            else:
+                body["system"] = request.system
         body["messages"] = _messages(request.messages)
+        if "history" in cache:
+            _mark_last_block(body["messages"], self._marker)
         if request.tools:
             body["tools"] = [_tool(spec) for spec in request.tools]
+            if "tools" in cache:
+                body["tools"][-1]["cache_control"] = self._marker
         body["stream"] = True
         body.update(config.extra)
         return body
@@ -135,9 +199,57 @@ def _messages(history: Sequence[Message]) -> list[dict[str, Any]]:
     return out
 
 
+def _mark_last_block(messages: list[dict[str, Any]], marker: FrozenDict) -> None:
+    if not messages:
+        return
+    last = messages[-1]
+    content = last["content"]
+    if isinstance(content, str):
+        if content:
+            last["content"] = [{"type": "text", "text": content, "cache_control": marker}]
+        return
+    # Thinking blocks cannot carry a breakpoint; the block after them can.
+    for position in range(len(content) - 1, -1, -1):
+        block = content[position]
+        if isinstance(block, Mapping) and block.get("type") not in (
+            "thinking", "redacted_thinking"
+        ):
+            content[position] = {**block, "cache_control": marker}
+            return
+
+
+def _replayed(block: FrozenDict) -> dict[str, Any] | None:
+    """The wire form of one kept ``anthropic`` block, or None when the API would refuse it."""
+    fields = block.get("fields") or {}
+    if fields.get("type") == "redacted_thinking":
+        data = fields.get("data")
+        return {"type": "redacted_thinking", "data": data} if isinstance(data, str) else None
+    signature = block.get("signature")
+    if not signature:
+        return None  # cut short before its signature arrived: unusable
+    return {"type": "thinking", "thinking": block.get("text", ""), "signature": signature}
+
+
+def _after_calls(block: FrozenDict) -> int:
+    after = (block.get("fields") or {}).get("after_tool_calls", 0)
+    return after if isinstance(after, int) else 0
+
+
 def _assistant_blocks(message: Message) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
-    if message.reasoning is not None and message.reasoning_signature:
+    own = [b for b in message.reasoning_blocks if b.get("format") == FORMAT]
+    late: list[tuple[int, dict[str, Any]]] = []  # interleaved: after some tool calls
+    if own:
+        for kept in own:
+            replayed = _replayed(kept)
+            if replayed is None:
+                continue
+            after = _after_calls(kept)
+            if after:
+                late.append((after, replayed))
+            else:
+                blocks.append(replayed)
+    elif message.reasoning is not None and message.reasoning_signature:
         blocks.append(
             {
                 "type": "thinking",
@@ -148,7 +260,12 @@ def _assistant_blocks(message: Message) -> list[dict[str, Any]]:
     text = message.text
     if text:
         blocks.append({"type": "text", "text": text})
-    for call in message.tool_calls:
+    pending = iter(late)
+    following = next(pending, None)
+    for position, call in enumerate(message.tool_calls):
+        while following is not None and following[0] <= position:
+            blocks.append(following[1])
+            following = next(pending, None)
         arguments = call.arguments
         blocks.append(
             {
@@ -158,6 +275,9 @@ def _assistant_blocks(message: Message) -> list[dict[str, Any]]:
                 "input": {} if isinstance(arguments, str) else arguments,
             }
         )
+    while following is not None:
+        blocks.append(following[1])
+        following = next(pending, None)
     return blocks
 
 
@@ -172,6 +292,8 @@ class _MessagesDecoder:
         self._usage: dict[str, int] = {}
         # content block index -> running tool-call index
         self._tool_blocks: dict[int, int] = {}
+        # content block index -> running reasoning block number
+        self._thinking_blocks: dict[int, int] = {}
 
     def feed(self, event: SSEEvent) -> list[StreamPart]:
         if not event.data.strip():
@@ -218,15 +340,38 @@ class _MessagesDecoder:
             text = block.get("text")
             return [TextDelta(text)] if isinstance(text, str) and text else []
         if kind == "thinking":
-            parts: list[StreamPart] = []
+            number = self._thinking_block(index)
             thinking = block.get("thinking")
-            if isinstance(thinking, str) and thinking:
-                parts.append(ReasoningDelta(thinking))
             signature = block.get("signature")
-            if isinstance(signature, str) and signature:
-                parts.append(ReasoningDelta("", signature=signature))
-            return parts
+            return [
+                ReasoningDelta(
+                    thinking if isinstance(thinking, str) else "",
+                    signature if isinstance(signature, str) and signature else None,
+                    block=number, format=FORMAT, fields=self._fields("thinking"),
+                )
+            ]
+        if kind == "redacted_thinking":
+            data = block.get("data")
+            fields = self._fields("redacted_thinking", data if isinstance(data, str) else "")
+            return [
+                ReasoningDelta("", block=self._thinking_block(index), format=FORMAT, fields=fields)
+            ]
         return []
+
+    def _fields(self, kind: str, data: str | None = None) -> dict[str, Any]:
+        fields: dict[str, Any] = {"type": kind}
+        if data is not None:
+            fields["data"] = data
+        if self._tool_blocks:
+            # Interleaved thinking: the block goes back after the calls that preceded it.
+            fields["after_tool_calls"] = len(self._tool_blocks)
+        return fields
+
+    def _thinking_block(self, index: object) -> int:
+        number = len(self._thinking_blocks)
+        # An index the stream never gave still gets a block of its own.
+        self._thinking_blocks[index if isinstance(index, int) else -1 - number] = number
+        return number
 
     def _block_delta(self, index: object, delta: object) -> list[StreamPart]:
         if not isinstance(delta, Mapping):
@@ -243,17 +388,42 @@ class _MessagesDecoder:
             return [ToolCallDelta(tool_index, arguments=fragment)]
         if kind == "thinking_delta":
             thinking = delta.get("thinking")
-            return [ReasoningDelta(thinking)] if isinstance(thinking, str) and thinking else []
+            if not isinstance(thinking, str) or not thinking:
+                return []
+            number = self._thinking_blocks.get(index) if isinstance(index, int) else None
+            if number is None:
+                number = self._thinking_block(index)
+                return [ReasoningDelta(thinking, block=number, format=FORMAT,
+                                       fields=self._fields("thinking"))]
+            return [ReasoningDelta(thinking, block=number)]
         if kind == "signature_delta":
             signature = delta.get("signature")
             if isinstance(signature, str) and signature:
-                return [ReasoningDelta("", signature=signature)]
+                number = self._thinking_blocks.get(index) if isinstance(index, int) else None
+                if number is None:
+                    number = self._thinking_block(index)
+                    return [ReasoningDelta("", signature, block=number, format=FORMAT,
+                                           fields=self._fields("thinking"))]
+                return [ReasoningDelta("", signature=signature, block=number)]
         return []
 
     def finish(self) -> Finish:
         if not self.done:
             raise ProviderError("the stream ended before message_stop", code="incomplete_stream")
-        return Finish(self._reason or "stop", dict(self._usage) or None)
+        return Finish(self._reason or "stop", _usage(self._usage))
+
+
+def _usage(counters: dict[str, int]) -> dict[str, int] | None:
+    if not counters:
+        return None
+    usage = dict(counters)
+    read = counters.get("cache_read_input_tokens")
+    if read is not None:
+        usage["cache_read_tokens"] = read
+    written = counters.get("cache_creation_input_tokens")
+    if written is not None:
+        usage["cache_write_tokens"] = written
+    return usage
 
 
 def _str(value: object) -> str | None:

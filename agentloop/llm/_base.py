@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator, Callable
+from typing import ClassVar
 
 import attrs
 
@@ -37,7 +38,9 @@ class ModelAdapter(abc.ABC):
 
     ``stream`` returns an async iterator of :data:`StreamPart` values (text, reasoning and
     tool-call deltas, then exactly one :class:`Finish`, whose reason the adapter maps from its
-    provider's). Provider failures raise :class:`agentloop.ProviderError`. The runtime closes
+    provider's). Provider failures raise :class:`agentloop.ProviderError`; any other exception
+    from ``stream`` reaches the request-error hooks as ``ProviderError(code="adapter_error")``
+    with the original as its ``__cause__``. The runtime closes
     the iterator (``aclose``) when it stops early, so an HTTP adapter must release its
     connection there.
 
@@ -51,6 +54,10 @@ class ModelAdapter(abc.ABC):
 
     defaults: AdapterDefaults = _NO_DEFAULTS
     """Values filled into unset config fields (``max_tokens``, ``reasoning_effort``)."""
+
+    # True for adapters that already turn every failure into a ProviderError (the HTTP
+    # ones): the runtime then passes their stream on without wrapping it.
+    _raises_provider_errors: ClassVar[bool] = False
 
     @abc.abstractmethod
     def stream(self, request: LLMRequest) -> AsyncIterator[StreamPart]:

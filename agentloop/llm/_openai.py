@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
+
+import httpx
 
 from .._errors import ProviderError
 from .._model import (
@@ -19,9 +22,15 @@ from .._model import (
     ToolSpec,
     content_text,
 )
+from ._base import AdapterDefaults
 from ._wire import HTTPStreamAdapter, SSEEvent, dumps, error_fields, int_counters, parse_event_json
 
 __all__ = ["OpenAIChatAdapter"]
+
+FORMAT = "openai-chat"
+# Where compatible servers put reasoning: DeepSeek and llama.cpp, then vLLM >= 0.10 and
+# OpenRouter. A server that sends both repeats the same text, so the first one wins.
+_REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 _FINISH_REASONS: dict[str, FinishReason] = {
     "stop": "stop",
@@ -37,16 +46,26 @@ class OpenAIChatAdapter(HTTPStreamAdapter):
     """Streams ``POST {base_url}/chat/completions`` of any OpenAI-compatible server.
 
     Args:
-        base_url: the API root, e.g. ``"https://api.openai.com/v1"`` or
-            ``"http://127.0.0.1:8080/v1"``.
+        base_url: the API root as the OpenAI SDK takes it (``OPENAI_BASE_URL``), version
+            included: ``"https://api.openai.com/v1"``, ``"http://127.0.0.1:8080/v1"``,
+            ``"https://api.deepseek.com"``. It is used as given.
         api_key: sent as ``Authorization: Bearer``; never shown in reprs or errors.
         headers: extra request headers (they win over the adapter's own).
         client: the ``httpx.AsyncClient`` to use; by default the runtime's pooled client.
         defaults: values the runtime fills in when a call leaves ``max_tokens`` or
             ``reasoning_effort`` unset.
+        tool_call_reasoning: send ``reasoning_content`` (empty when there was none) on every
+            assistant message with tool calls, which DeepSeek's thinking mode requires. By
+            default on for ``api.deepseek.com``, off elsewhere.
 
-    ``reasoning_content`` deltas (DeepSeek, llama.cpp) become reasoning parts, and an assistant
-    message's ``reasoning`` is sent back as ``reasoning_content``. ``config.extra`` is merged
+    ``reasoning_content`` deltas (DeepSeek, llama.cpp) and ``reasoning`` deltas (vLLM,
+    OpenRouter) become one reasoning block (format ``"openai-chat"``, the field's name in its
+    fields), sent back under the same field unchanged; reasoning from another provider is sent
+    as ``reasoning_content``. Cached prompt tokens are reported as ``cache_read_tokens``
+    beside the server's own counters. Tool-call deltas without an ``index`` (Gemini) are
+    told apart by their ids, a tool call's ``extra_content`` (Gemini's thought signature) is
+    kept and sent back on that call, and ``finish_reason: "stop"`` after tool calls (a
+    forced function, Gemini) finishes with ``"tool_calls"``. ``config.extra`` is merged
     into the request body last. A ``finish_reason`` outside the OpenAI vocabulary (a
     compatible server's own, such as DeepSeek's ``insufficient_system_resource``) finishes the
     call with ``"error"``.
@@ -54,6 +73,24 @@ class OpenAIChatAdapter(HTTPStreamAdapter):
 
     _path: ClassVar[str] = "/chat/completions"
     _kind: ClassVar[str] = "openai"
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        client: httpx.AsyncClient | None = None,
+        defaults: AdapterDefaults | None = None,
+        tool_call_reasoning: bool | None = None,
+    ) -> None:
+        super().__init__(
+            base_url, api_key=api_key, headers=headers, client=client, defaults=defaults
+        )
+        if tool_call_reasoning is None:
+            host = urlsplit(self.base_url).hostname or ""
+            tool_call_reasoning = host == "deepseek.com" or host.endswith(".deepseek.com")
+        self.tool_call_reasoning = tool_call_reasoning
 
     def _auth_headers(self, api_key: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {api_key}"}
@@ -63,7 +100,8 @@ class OpenAIChatAdapter(HTTPStreamAdapter):
         messages: list[dict[str, Any]] = []
         if request.system:
             messages.append({"role": "system", "content": request.system})
-        messages.extend(_message(message) for message in request.messages)
+        pad = self.tool_call_reasoning
+        messages.extend(_message(message, pad) for message in request.messages)
         body: dict[str, Any] = {"model": config.model, "messages": messages}
         if request.tools:
             body["tools"] = [_tool(spec) for spec in request.tools]
@@ -80,7 +118,7 @@ class OpenAIChatAdapter(HTTPStreamAdapter):
         return _ChatDecoder()
 
 
-def _message(message: Message) -> dict[str, Any]:
+def _message(message: Message, pad: bool = False) -> dict[str, Any]:
     if message.role == "user":
         content = message.content
         return {"role": "user", "content": content if isinstance(content, str) else list(content)}
@@ -92,19 +130,46 @@ def _message(message: Message) -> dict[str, Any]:
         }
     out: dict[str, Any] = {"role": "assistant", "content": message.text}
     if message.tool_calls:
-        out["tool_calls"] = [_tool_call(call) for call in message.tool_calls]
-    if message.reasoning is not None:
+        extras = _call_extras(message)
+        out["tool_calls"] = [_tool_call(call, extras.get(call.id)) for call in message.tool_calls]
+    own = False
+    for block in message.reasoning_blocks:
+        if block.get("format") == FORMAT:
+            fields = block.get("fields") or {}
+            if "extra_content" in fields:
+                continue  # a tool call's, sent with it
+            field = fields.get("field")
+            field = field if field in _REASONING_FIELDS else "reasoning_content"
+            out[field] = out.get(field, "") + block.get("text", "")
+            own = True
+    if not own and message.reasoning is not None:
         out["reasoning_content"] = message.reasoning
+    if pad and message.tool_calls and "reasoning_content" not in out:
+        out["reasoning_content"] = ""
     return out
 
 
-def _tool_call(call: ToolCall) -> dict[str, Any]:
+def _call_extras(message: Message) -> dict[str, Any]:
+    extras: dict[str, Any] = {}
+    for block in message.reasoning_blocks:
+        if block.get("format") == FORMAT:
+            fields = block.get("fields") or {}
+            owner = fields.get("tool_call_id")
+            if isinstance(owner, str) and "extra_content" in fields:
+                extras[owner] = fields["extra_content"]
+    return extras
+
+
+def _tool_call(call: ToolCall, extra: Any = None) -> dict[str, Any]:
     arguments = call.arguments if isinstance(call.arguments, str) else dumps(call.arguments)
-    return {
+    out: dict[str, Any] = {
         "id": call.id,
         "type": "function",
         "function": {"name": call.name, "arguments": arguments},
     }
+    if extra is not None:
+        out["extra_content"] = extra
+    return out
 
 
 def _tool(spec: ToolSpec) -> dict[str, Any]:
@@ -127,6 +192,10 @@ def _usage(raw: object) -> dict[str, int] | None:
         "output_tokens": counters.pop("completion_tokens", 0),
     }
     usage.update(counters)
+    # prompt_tokens_details.cached_tokens (OpenAI, flattened), prompt_cache_hit_tokens (DeepSeek)
+    read = counters.get("cached_tokens", counters.get("prompt_cache_hit_tokens"))
+    if read is not None:
+        usage["cache_read_tokens"] = read
     return usage
 
 
@@ -138,6 +207,9 @@ class _ChatDecoder:
         self._refused = False
         # index -> (id sent, name sent): servers that repeat both in every delta exist.
         self._tools: dict[int, tuple[bool, bool]] = {}
+        self._reasoning_field: str | None = None
+        self._ids: dict[str, int] = {}  # call id -> index
+        self._last_index: int | None = None
 
     def feed(self, event: SSEEvent) -> list[StreamPart]:
         data = event.data.strip()
@@ -167,9 +239,21 @@ class _ChatDecoder:
         if not isinstance(delta, Mapping):
             return []
         parts: list[StreamPart] = []
-        reasoning = delta.get("reasoning_content")
-        if isinstance(reasoning, str) and reasoning:
-            parts.append(ReasoningDelta(reasoning))
+        field = self._reasoning_field
+        if field is not None:
+            reasoning = delta.get(field)
+            if isinstance(reasoning, str) and reasoning:
+                parts.append(ReasoningDelta(reasoning))
+        else:
+            for field in _REASONING_FIELDS:
+                reasoning = delta.get(field)
+                if isinstance(reasoning, str) and reasoning:
+                    # The first fragment opens the block and says where it goes back to.
+                    self._reasoning_field = field
+                    parts.append(
+                        ReasoningDelta(reasoning, format=FORMAT, fields={"field": field})
+                    )
+                    break
         text = delta.get("content")
         if isinstance(text, str) and text:
             parts.append(TextDelta(text))
@@ -181,15 +265,27 @@ class _ChatDecoder:
         if isinstance(calls, list):
             for position, call in enumerate(calls):
                 if isinstance(call, Mapping):
-                    part = self._tool_delta(position, call)
-                    if part is not None:
-                        parts.append(part)
+                    self._tool_delta(position, call, parts)
         return parts
 
-    def _tool_delta(self, position: int, call: Mapping[str, Any]) -> ToolCallDelta | None:
+    def _tool_delta(self, position: int, call: Mapping[str, Any], parts: list[StreamPart]) -> None:
         index = call.get("index")
+        raw_id = call.get("id")
+        raw_id = raw_id if isinstance(raw_id, str) and raw_id else None
         if not isinstance(index, int) or isinstance(index, bool):
-            index = position
+            index = self._unindexed(position, raw_id)
+        self._last_index = index
+        if raw_id is not None:
+            self._ids.setdefault(raw_id, index)
+        extra = call.get("extra_content")
+        if isinstance(extra, Mapping) and extra:
+            # Gemini's thought signature rides on the call and must go back with it: kept as a
+            # reasoning block of its own (numbered after the reasoning text's block 0).
+            owner = raw_id or next((i for i, n in self._ids.items() if n == index), None)
+            parts.append(ReasoningDelta(
+                "", block=1 + index, format=FORMAT,
+                fields={"tool_call_id": owner, "extra_content": extra},
+            ))
         function = call.get("function")
         if not isinstance(function, Mapping):
             function = {}
@@ -202,8 +298,18 @@ class _ChatDecoder:
         arguments = arguments if isinstance(arguments, str) else ""
         self._tools[index] = (id_sent or call_id is not None, name_sent or name is not None)
         if call_id is None and name is None and not arguments:
-            return None
-        return ToolCallDelta(index, call_id, name, arguments)
+            return
+        parts.append(ToolCallDelta(index, call_id, name, arguments))
+
+    def _unindexed(self, position: int, call_id: str | None) -> int:
+        # Gemini's compatible endpoint leaves ``index`` out: a new id starts a new call, and a
+        # fragment without one continues the call before it.
+        if call_id is not None:
+            known = self._ids.get(call_id)
+            if known is not None:
+                return known
+            return max(self._tools, default=-1) + 1
+        return self._last_index if self._last_index is not None else position
 
     def finish(self) -> Finish:
         reason = self._reason
@@ -215,4 +321,8 @@ class _ChatDecoder:
             reason = "stop"
         if reason == "stop" and self._refused:
             reason = "refusal"
+        elif reason == "stop" and self._tools:
+            # A forced function (tool_choice) on OpenAI, and Gemini always, say "stop" even
+            # though the reply is tool calls the loop has to run.
+            reason = "tool_calls"
         return Finish(reason, self._usage)

@@ -15,7 +15,6 @@ from typing import Any, ClassVar, Protocol, cast
 import attrs
 import httpx
 import trio
-from httpx_sse import aconnect_sse
 
 from .._errors import ProviderError
 from .._http import client_for
@@ -76,8 +75,9 @@ class SSEEvent:
 class SSEDecoder:
     """An incremental server-sent-events parser over text chunks split anywhere.
 
-    Unlike the SSE specification (and httpx-sse), :meth:`close` dispatches a final event that
-    was not followed by a blank line: real provider streams end that way.
+    Unlike the SSE specification (and httpx-sse, which this replaces), :meth:`close`
+    dispatches a final event that was not followed by a blank line: real provider streams
+    end that way.
     """
 
     def __init__(self) -> None:
@@ -245,7 +245,14 @@ class HTTPStreamAdapter(ModelAdapter):
 
     _path: ClassVar[str]
     _kind: ClassVar[str] = "HTTP"
+    _raises_provider_errors: ClassVar[bool] = True
     _default_defaults: ClassVar[AdapterDefaults] = AdapterDefaults()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "stream" in cls.__dict__:
+            # A stream of its own makes no promise about its failures: the runtime guards it.
+            cls._raises_provider_errors = False
 
     def __init__(
         self,
@@ -297,8 +304,17 @@ class HTTPStreamAdapter(ModelAdapter):
         # Error text is recorded (events, the session file, logs), so it must also encode.
         return self._secrets.scrub(repair_surrogates(text))
 
+    def _url(self) -> str:
+        return f"{self.base_url}{self._path}"
+
     def _request_headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json", **self._static_headers()}
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream",
+            # Proxies must not cache or buffer a stream (what SSE clients send).
+            "Cache-Control": "no-store",
+            **self._static_headers(),
+        }
         if self._api_key is not None:
             headers.update(self._auth_headers(self._api_key))
         headers.update(self._headers)
@@ -318,20 +334,26 @@ class HTTPStreamAdapter(ModelAdapter):
             ProviderError: on an HTTP error status, a transport failure or timeout, an error
                 reported inside the stream, or a stream that is malformed or stops short.
         """
-        url = f"{self.base_url}{self._path}"
-        content = encode_body(self._body(request))
-        decoder = self._decoder()
+        url = self._url()
         failure: ProviderError | None = None
+        try:
+            content = encode_body(self._body(request))
+        except ProviderError as exc:
+            failure = exc
+        except Exception as exc:  # noqa: BLE001 - every adapter failure is a provider failure
+            failure = _adapter_error(exc, "building the request")
+        if failure is not None:
+            raise self._cleaned(failure)
+        decoder = self._decoder()
         # An exit stack instead of nested `async with` blocks keeps every yield outside a
         # context manager (flake8-async ASYNC119). The runtime acloses this generator when it
         # stops early (ModelAdapter contract); the finally below then releases the connection.
         stack = contextlib.AsyncExitStack()
         try:
             client = await stack.enter_async_context(client_for(self._client))
-            source = await stack.enter_async_context(
-                aconnect_sse(client, "POST", url, headers=self._request_headers(), content=content)
+            response = await stack.enter_async_context(
+                client.stream("POST", url, headers=self._request_headers(), content=content)
             )
-            response = source.response
             if not response.is_success:
                 raise await self._http_error(response)
             if response.headers.get("content-type", "").lower().startswith("application/json"):
@@ -357,6 +379,10 @@ class HTTPStreamAdapter(ModelAdapter):
             failure = exc
         except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
             failure = self._converted(exc, shown_url(url))
+        except Exception as exc:  # noqa: BLE001 - every adapter failure is a provider failure
+            # A decoder that trips over an unforeseen payload is this adapter's bug, but the
+            # caller's recovery (retry, hooks) must still see it as a failed call.
+            failure = _adapter_error(exc, "reading the stream")
         finally:
             await stack.aclose()
         if failure is not None:
@@ -430,6 +456,14 @@ class HTTPStreamAdapter(ModelAdapter):
         return ProviderError(
             "expected an event stream, got a JSON document", code="malformed_stream"
         )
+
+
+def _adapter_error(exc: Exception, doing: str) -> ProviderError:
+    error = ProviderError(
+        f"the adapter failed {doing}: {type(exc).__name__}: {exc}", code="adapter_error"
+    )
+    error.__cause__ = exc
+    return error
 
 
 def _with_fallback(given: AdapterDefaults | None, fallback: AdapterDefaults) -> AdapterDefaults:
