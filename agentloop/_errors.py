@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 __all__ = [
     "AgentLoopError",
     "ConfigError",
@@ -16,6 +19,7 @@ __all__ = [
     "AgentNotPublished",
     "RuntimeClosed",
     "ToolDefinitionError",
+    "TurnFailed",
 ]
 
 
@@ -108,3 +112,35 @@ class RuntimeClosed(AgentLoopError):  # noqa: N818 - reads as a state
 
 class ToolDefinitionError(AgentLoopError, TypeError):
     """A function cannot be turned into a tool (an annotation without a JSON schema, ...)."""
+
+
+class TurnFailed(AgentLoopError):  # noqa: N818 - the contract's name
+    """The turn that claimed a run's message ended with reason ``error``.
+
+    Raised by ``Run.result()`` (and ``Agent.ask``). Only ``error`` is an exception: the other
+    reasons a turn ends with are outcomes the caller chose or expects, reported on the result.
+
+    Attributes:
+        reason: always ``"error"``.
+        error: the :class:`ProviderError` rebuilt from the ``turn/end`` error data when a model
+            call failed, else that data itself (``{"type": ..., "message": ...}``), or ``None``.
+        data: the ``turn/end`` error data as logged, or ``None``.
+        turn: the number of the failed turn.
+    """
+
+    def __init__(
+        self,
+        turn: int,
+        error: ProviderError | Mapping[str, Any] | None,
+        data: Mapping[str, Any] | None = None,
+        *,
+        reason: str = "error",
+    ) -> None:
+        detail = str(error) if isinstance(error, ProviderError) else (
+            (error or {}).get("message") or (error or {}).get("type") or "unknown error"
+        )
+        super().__init__(f"turn {turn} failed: {detail}")
+        self.reason = reason
+        self.error = error
+        self.data = data
+        self.turn = turn

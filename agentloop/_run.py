@@ -1,11 +1,514 @@
-"""Run handles: reading one turn of an agent back, losslessly, from its durable log."""
+"""Run handles: reading one turn of an agent back, losslessly, from its durable log.
+
+A :class:`Run` queues one follow-up and follows the turn that claims it (the turn whose
+``user/message`` carries the id ``followup`` returned). It copies no events: its readers index
+``agent.session.events`` by seq. Bus handlers shared by every run of a runtime note when a
+message is claimed (and by which turn), dropped, or answered by a closed turn, and wake parked
+readers; they are installed before a message is sent, so its claim cannot be missed, and only
+while some run needs them. The log keeps every event, so a reader that starts late or falls
+behind still sees the whole turn.
+"""
 
 from __future__ import annotations
 
-__all__ = ["RunControls"]
+import weakref
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any, Final, Literal, final
+
+import attrs
+import trio
+
+from . import _log
+from ._bus import Disposer, EventBus
+from ._errors import ProviderError, TurnFailed
+from ._events import AgentDisposed as AgentGone
+from ._events import AgentStatus, AgentTurnEnd, InboxClaimed, InboxDiscarded, SessionEventAppended
+from ._json import FrozenDict, freeze
+from ._model import MessageId, SessionEvent
+from ._util import NoPublicConstructor
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from ._agent import Agent
+
+__all__ = ["RunControls", "Run", "RunResult"]
+
+# The turn/end cause recorded when a run's block is left before its turn ended.
+RUN_EXIT_CAUSE: Final = "run"
+
+Kind = Literal["text", "reasoning"]
+
+
+@attrs.frozen(slots=True)
+class RunResult:
+    """How the turn that claimed a run's message ended.
+
+    Attributes:
+        text: the content of the turn's last ``assistant/message`` (for an aborted turn, the
+            text the reader saw before the cancel); ``""`` when there was none.
+        output: the validated structured output; ``None`` (structured output is not supported
+            yet).
+        reason: the ``turn/end`` reason: ``completed``, ``max-tokens``, ``aborted``,
+            ``disposed``, ``rejected`` or ``suspended`` (``error`` raises
+            :class:`~agentloop.TurnFailed` instead). A message removed before any turn
+            claimed it reads ``aborted``, one dropped by disposal ``disposed``; both with
+            ``turn`` ``None``.
+        turn: the turn's number, or ``None`` when no turn claimed the message.
+        usage: the token counters of the turn's model calls, summed key by key (nested
+            counters too), or ``None`` when no call reported any.
+    """
+
+    text: str
+    output: object | None
+    reason: str
+    turn: int | None
+    usage: FrozenDict | None
 
 
 class RunControls:
     """The run-handle methods of :class:`agentloop.Agent` (``run``, ``ask``)."""
 
     __slots__ = ()
+
+    def run(
+        self, content: object, *, source: object = None, output_type: object = None
+    ) -> Run:
+        """A handle on the turn that will answer ``content``; use it as ``async with``.
+
+        Entering the block queues ``content`` as a follow-up (exactly as
+        :meth:`~agentloop.Agent.followup`, so ``InvalidContent`` and ``AgentDisposed`` are
+        raised there). Leaving it before that turn ended cancels that turn (cause ``"run"``,
+        the inbox kept), or removes the message if no turn claimed it yet, and nothing else.
+
+        Raises:
+            TypeError: ``output_type`` is given: structured output is not supported yet.
+        """
+        if output_type is not None:
+            raise TypeError("output_type is not supported yet")
+        agent: Agent = self  # type: ignore[assignment]  # only Agent mixes this in
+        return Run._create(agent, content, source)
+
+    async def ask(
+        self, content: object, *, source: object = None, output_type: object = None
+    ) -> RunResult:
+        """Queue ``content``, wait for the turn that answers it and return its result.
+
+        Raises:
+            TurnFailed: that turn ended with reason ``error``.
+        """
+        async with self.run(content, source=source, output_type=output_type) as run:
+            return await run.result()
+
+
+class _Dispatch:
+    """The bus handlers every run of one runtime shares, installed while any run needs them.
+
+    One handler per event class, indexed by message id, ``(agent, turn)`` and agent, so an
+    event costs one dict lookup whatever the number of runs, and a runtime with no live run
+    pays nothing. Per-event wakes (``session/event``) are installed only while a reader waits.
+    """
+
+    __slots__ = ("_bus", "_disposers", "_reader_disposer", "claimed", "pending", "readers")
+
+    def __init__(self, bus: EventBus) -> None:
+        self._bus = bus
+        self.pending: dict[str, Run] = {}  # by message id, until claimed or dropped
+        self.claimed: dict[str, dict[int, Run]] = {}  # agent id -> turn -> run, until it ends
+        self.readers: dict[str, set[Run]] = {}  # session id -> runs whose readers may park
+        self._disposers: tuple[Disposer, ...] = ()
+        self._reader_disposer: Disposer | None = None
+
+    def hold(self) -> None:
+        if self._disposers:
+            return
+        bus = self._bus
+        # First among agent/turn-end handlers: one that raises stops the ones after it.
+        self._disposers = (
+            bus.on(InboxClaimed, self._on_claimed),
+            bus.on(InboxDiscarded, self._on_discarded),
+            bus.on(AgentTurnEnd, self._on_turn_end, priority=1 << 30),
+            bus.on(AgentStatus, self._on_status),
+            bus.on(AgentGone, self._on_gone),
+        )
+
+    def release(self) -> None:
+        if not self.readers and self._reader_disposer is not None:
+            self._reader_disposer()
+            self._reader_disposer = None
+        if not self.pending and not self.claimed and self._disposers:
+            disposers, self._disposers = self._disposers, ()
+            for dispose in disposers:
+                dispose()
+
+    def watch(self, run: Run, session_id: str) -> None:
+        self.readers.setdefault(session_id, set()).add(run)
+        if self._reader_disposer is None:
+            self._reader_disposer = self._bus.on(SessionEventAppended, self._on_appended)
+
+    def forget(self, run: Run) -> None:
+        agent_id = run._agent.id
+        if run._message_id is not None and self.pending.get(run._message_id) is run:
+            del self.pending[run._message_id]
+        turns = self.claimed.get(agent_id)
+        if turns is not None and run._turn is not None and turns.get(run._turn) is run:
+            del turns[run._turn]
+            if not turns:
+                del self.claimed[agent_id]
+        watching = self.readers.get(agent_id)
+        if watching is not None:
+            watching.discard(run)
+            if not watching:
+                del self.readers[agent_id]
+        self.release()
+
+    # --- handlers --------------------------------------------------------------------------
+
+    def _on_claimed(self, e: InboxClaimed) -> None:
+        run = self.pending.pop(e.message.id, None)
+        if run is not None:
+            run._claimed(e.turn)
+            self.claimed.setdefault(e.agent_id, {})[e.turn] = run
+        self._ended_before(e.agent_id, e.turn)
+
+    def _on_discarded(self, e: InboxDiscarded) -> None:
+        run = self.pending.get(e.message.id)
+        if run is not None:
+            run._finish("disposed" if e.outcome == "disposed" else "aborted")
+
+    def _on_turn_end(self, e: AgentTurnEnd) -> None:
+        turns = self.claimed.get(e.agent_id)
+        if turns is not None:
+            run = turns.get(e.turn)
+            if run is not None:
+                run._finish(None)
+            self._ended_before(e.agent_id, e.turn)
+
+    def _ended_before(self, agent_id: str, turn: int) -> None:
+        # A later turn means every earlier one is closed, even one whose agent/turn-end was
+        # lost to a flush that outlasted its grace.
+        turns = self.claimed.get(agent_id)
+        if turns is not None:
+            for earlier in [r for t, r in turns.items() if t < turn]:
+                earlier._finish(None)
+
+    def _on_status(self, e: AgentStatus) -> None:
+        # Idle means every turn is closed. Not "disposed": that is announced as disposal
+        # begins, before the running turn has written its last events.
+        if e.status == "idle":
+            turns = self.claimed.get(e.agent_id)
+            if turns is not None:
+                for run in list(turns.values()):
+                    run._finish(None)
+
+    def _on_gone(self, e: AgentGone) -> None:
+        for run in [r for r in self.pending.values() if r._agent.id == e.agent_id]:
+            run._finish("disposed")
+        for run in list(self.claimed.get(e.agent_id, {}).values()):
+            run._finish(None)
+
+    def _on_appended(self, e: SessionEventAppended) -> None:
+        watching = self.readers.get(e.session_id)
+        if watching:
+            for run in watching:
+                lot = run._lot
+                if lot:
+                    lot.unpark_all()
+
+
+_dispatchers: weakref.WeakKeyDictionary[EventBus, _Dispatch] = weakref.WeakKeyDictionary()
+
+
+def _dispatch(bus: EventBus) -> _Dispatch:
+    found = _dispatchers.get(bus)
+    if found is None:
+        found = _dispatchers[bus] = _Dispatch(bus)
+    return found
+
+
+@final
+class Run(metaclass=NoPublicConstructor):
+    """One follow-up and the turn that claims it (from :meth:`Agent.run <RunControls.run>`).
+
+    ``events()``, ``text()`` and ``reasoning()`` may each be iterated any number of times, also
+    concurrently and after the block; every iteration starts at the turn's ``turn/start``.
+    """
+
+    __slots__ = (
+        "_agent", "_content", "_dispatch", "_done_lot", "_dropped", "_entered", "_lot",
+        "_message_id", "_source", "_start", "_terminal", "_turn",
+    )
+
+    def __init__(self, agent: Agent, content: object, source: object) -> None:
+        self._agent = agent
+        self._content = content
+        self._source = source
+        self._dispatch = _dispatch(agent._rt.bus)
+        self._message_id: MessageId | None = None
+        self._entered = False
+        self._turn: int | None = None
+        self._start = 0  # index of the turn's turn/start in the log
+        self._dropped: str | None = None  # the reason when no turn will ever claim the message
+        self._terminal = False
+        self._lot = trio.lowlevel.ParkingLot()  # readers, woken by the session's appends
+        self._done_lot = trio.lowlevel.ParkingLot()  # result() waiters, woken once at the end
+
+    def __repr__(self) -> str:
+        return f"<Run {self._message_id!r} turn={self._turn!r} done={self._terminal}>"
+
+    @property
+    def message_id(self) -> MessageId | None:
+        """The id of the queued follow-up (``None`` until the block is entered)."""
+        return self._message_id
+
+    @property
+    def turn(self) -> int | None:
+        """The number of the turn that claimed the message, once one has."""
+        return self._turn
+
+    @property
+    def done(self) -> bool:
+        """Whether the outcome is known: the turn is closed (its ``turn/end`` logged and
+        flushed), or no turn will claim the message."""
+        return self._terminal
+
+    # --- the block -----------------------------------------------------------------------
+
+    async def __aenter__(self) -> Run:
+        if self._entered:
+            raise RuntimeError("a Run can be entered only once")
+        self._entered = True
+        # The only checkpoint is before the send: once queued, the block is always entered,
+        # so the message cannot outlive its handle.
+        await trio.lowlevel.checkpoint()
+        agent = self._agent
+        dispatch = self._dispatch
+        dispatch.hold()  # before the send, so that nothing about the message is missed
+        try:
+            mid = self._message_id = agent.followup(self._content, source=self._source)
+        except BaseException:
+            dispatch.release()
+            raise
+        if any(m.id == mid for m in agent.inbox.next_turn):
+            dispatch.pending[mid] = self
+        else:
+            # A handler of the send's own events discarded it before its id was known here.
+            self._finish("disposed" if agent.status == "disposed" else "aborted")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._terminal or self._message_id is None:
+            return
+        agent = self._agent
+        if self._turn is None:
+            agent.remove(self._message_id)
+            if not self._terminal:
+                self._finish("aborted")
+            return
+        # Its turn is not closed yet; when it is still the agent's current one, cancel it,
+        # keeping the inbox, so that later input is untouched.
+        # Nothing is awaited: leaving never holds up the caller (nor an exception on its way
+        # out); result() waits for the cancelled turn to close.
+        if agent.session.turns == self._turn and agent.status == "running":
+            agent.cancel(RUN_EXIT_CAUSE, keep_inbox=True)
+
+    # --- state changes (from the dispatcher's handlers, synchronous) ---------------------
+
+    def _claimed(self, turn: int) -> None:
+        log = self._agent.session.events
+        # The claim was just appended, right after its turn/start (steering claimed with it
+        # in between); its user/message is the one that names this run's message.
+        i = len(log)
+        while i > 0:
+            i -= 1
+            e = log[i]
+            if e.type == _log.USER_MESSAGE and e.data["message_id"] == self._message_id:
+                turn = e.turn if e.turn is not None else turn
+            elif e.type == _log.TURN_START and e.turn == turn:
+                break
+        self._turn = turn
+        self._start = i
+
+    def _finish(self, dropped: str | None) -> None:
+        if self._terminal:
+            return
+        self._terminal = True
+        if self._turn is None:
+            self._dropped = dropped or "aborted"
+        self._dispatch.forget(self)
+        self._lot.unpark_all()
+        self._done_lot.unpark_all()
+
+    async def _wait_terminal(self) -> None:
+        self._check_entered()
+        while not self._terminal:
+            await self._done_lot.park()
+        await trio.lowlevel.checkpoint()
+
+    async def _wait_appended(self) -> None:
+        if not self._terminal:
+            self._dispatch.watch(self, self._agent.id)
+        await self._lot.park()
+
+    def _check_entered(self) -> None:
+        if not self._entered:
+            raise RuntimeError("enter the run (async with agent.run(...) as run) first")
+
+    # --- reading -------------------------------------------------------------------------
+
+    def events(self) -> AsyncIterator[SessionEvent]:
+        """The turn's ``SessionEvent``\\ s, from its ``turn/start`` to its ``turn/end``.
+
+        Only events of that turn are yielded; none if no turn claimed the message.
+        """
+        self._check_entered()
+        return _Events(self)
+
+    def text(self) -> AsyncIterator[str]:
+        """The text deltas (``assistant/chunk`` of kind ``text``) of the turn, in order.
+
+        Every step's deltas are included, also those of a model call that failed and was
+        retried; read :meth:`events` to tell them apart by ``request/header``.
+        """
+        self._check_entered()
+        return _Deltas(_Events(self), "text")
+
+    def reasoning(self) -> AsyncIterator[str]:
+        """The reasoning deltas (``assistant/chunk`` of kind ``reasoning``) of the turn."""
+        self._check_entered()
+        return _Deltas(_Events(self), "reasoning")
+
+    async def result(self) -> RunResult:
+        """Wait for the turn to close (its ``turn/end`` logged and flushed); how it ended.
+
+        Only ``error`` is raised: the other reasons are outcomes the caller chose (a cancel,
+        a disposal, leaving the block) or configured (a ``Reject`` hook, ``max_tokens``), and
+        the text produced so far is still worth having.
+
+        Raises:
+            TurnFailed: the turn ended with reason ``error``.
+        """
+        await self._wait_terminal()
+        if self._turn is None:
+            return RunResult("", None, self._dropped or "aborted", None, None)
+        text = ""
+        usage: dict[str, Any] | None = None
+        reason = "disposed"  # cut by the end of the agent's scope, with no turn/end
+        error: FrozenDict | None = None
+        log = self._agent.session.events
+        turn = self._turn
+        for i in range(self._start, len(log)):
+            e = log[i]
+            if e.turn != turn:
+                continue
+            if e.type == _log.ASSISTANT_MESSAGE:
+                text = e.data.get("content") or ""
+                counters = e.data.get("usage")
+                if isinstance(counters, Mapping):
+                    usage = _add_usage({} if usage is None else usage, counters)
+            elif e.type == _log.TURN_END:
+                reason = e.data["reason"]
+                error = e.data.get("error")
+                break
+        if reason == "error":
+            raise TurnFailed(turn, _rebuild(error), error)
+        summed: FrozenDict | None = None
+        if usage is not None:
+            frozen = freeze(usage)
+            assert isinstance(frozen, FrozenDict)
+            summed = frozen
+        return RunResult(text, None, reason, turn, summed)
+
+
+@final
+class _Events:
+    """An iteration over one run's turn; a class rather than an async generator, so that
+    leaving an ``async for`` early leaves nothing to finalize."""
+
+    __slots__ = ("_done", "_i", "_run")
+
+    def __init__(self, run: Run) -> None:
+        self._run = run
+        self._i: int | None = None
+        self._done = False
+
+    def __aiter__(self) -> _Events:
+        return self
+
+    async def __anext__(self) -> SessionEvent:
+        run = self._run
+        log = run._agent.session.events
+        while not self._done:
+            turn = run._turn
+            if turn is not None:
+                if self._i is None:
+                    self._i = run._start
+                while self._i < len(log):
+                    event = log[self._i]
+                    self._i += 1
+                    if event.turn == turn:
+                        if event.type == _log.TURN_END:
+                            self._done = True
+                        # A reader with a backlog takes it without yielding, but still
+                        # honours a cancel.
+                        await trio.lowlevel.checkpoint_if_cancelled()
+                        return event
+            if run._terminal:
+                break
+            await run._wait_appended()
+        self._done = True
+        raise StopAsyncIteration
+
+
+@final
+class _Deltas:
+    __slots__ = ("_events", "_kind")
+
+    def __init__(self, events: _Events, kind: Kind) -> None:
+        self._events = events
+        self._kind = kind
+
+    def __aiter__(self) -> _Deltas:
+        return self
+
+    async def __anext__(self) -> str:
+        kind = self._kind
+        async for event in self._events:
+            if event.type == _log.ASSISTANT_CHUNK:
+                data = event.data
+                if data["kind"] == kind:
+                    delta: str = data["delta"]
+                    return delta
+        raise StopAsyncIteration
+
+
+def _add_usage(total: dict[str, Any], counters: Mapping[str, Any]) -> dict[str, Any]:
+    for key, value in counters.items():
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int):
+            previous = total.get(key, 0)
+            total[key] = (previous if isinstance(previous, int) else 0) + value
+        elif isinstance(value, Mapping):
+            nested = total.get(key)
+            total[key] = _add_usage(nested if isinstance(nested, dict) else {}, value)
+    return total
+
+
+def _rebuild(error: FrozenDict | None) -> ProviderError | FrozenDict | None:
+    """The provider error a ``turn/end`` records, as the exception it was; other errors (a
+    failing hook, ...) stay the ``{"type", "message"}`` data they were logged as."""
+    if error is None or "type" in error:
+        return error
+    retry_after = error.get("retry_after")
+    return ProviderError(
+        error.get("message") or "",
+        status=error.get("status"),
+        code=error.get("code"),
+        retry_after=float(retry_after) if isinstance(retry_after, (int, float)) else None,
+    )

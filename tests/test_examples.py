@@ -21,5 +21,8 @@ def test_quick_start_runs() -> None:
         [sys.executable, str(ROOT / "examples" / "quickstart.py")],
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout
+    lines = out.splitlines()
+    assert lines[0] == "Let me add those. 2 + 3 = 5."
+    assert lines[1] == "completed in turn 1"
     assert "turn/end {'turn': 1, 'reason': 'completed'}" in out
-    assert out.rstrip().endswith("2 + 3 = 5.")
+    assert lines[-1] == "3 + 4 = 7."
