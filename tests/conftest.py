@@ -16,12 +16,11 @@ import shutil
 import subprocess
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import agentloop
-from agentloop.testing import ScriptedModel
+from agentloop.testing import ScriptedModel, check_history, check_log
 
 OPTIONS = agentloop.AgentOptions(provider="scripted", model="m")
 
@@ -52,40 +51,22 @@ def turn_ends(agent: agentloop.Agent) -> list[str]:
 
 
 def check_log_invariants(events: Sequence[agentloop.SessionEvent]) -> None:
-    """Facts every session log must satisfy, whatever happened."""
-    seqs = [e.seq for e in events]
-    assert seqs == list(range(1, len(events) + 1))
-    open_turn: Any = None
-    calls: dict[str, int] = {}
-    results: dict[str, int] = {}
-    for e in events:
-        if e.type == "turn/start":
-            assert open_turn is None, f"turn {e.turn} opened inside turn {open_turn}"
-            open_turn = e.turn
-        elif e.type == "turn/end":
-            assert open_turn == e.turn
-            open_turn = None
-        elif e.type == "tool/call":
-            calls[e.data["call_id"]] = calls.get(e.data["call_id"], 0) + 1
-        elif e.type == "tool/result":
-            assert e.data["call_id"] in calls, "result before its call"
-            results[e.data["call_id"]] = results.get(e.data["call_id"], 0) + 1
-    assert all(n == 1 for n in calls.values()), calls
-    assert calls.keys() == results.keys() and all(n == 1 for n in results.values())
+    """Facts every session log must satisfy, whatever happened (``agentloop.testing``'s
+    ``check_log``, with the last turn allowed open), and every call answered."""
+    check_log(events, quiescent=False)
+    calls = {e.data["call_id"] for e in events if e.type == "tool/call"}
+    results = {e.data["call_id"] for e in events if e.type == "tool/result"}
+    assert calls == results, f"calls without a result: {sorted(calls - results)}"
 
 
 def check_history_valid(messages: Sequence[agentloop.Message]) -> None:
     """Every assistant tool call is answered before the next assistant or user message."""
-    waiting: list[str] = []
-    for m in messages:
-        if m.role == "tool":
-            assert m.tool_call_id in waiting, f"unexpected tool result {m.tool_call_id}"
-            waiting.remove(m.tool_call_id)
-        else:
-            assert not waiting, f"unanswered tool calls {waiting} before a {m.role} message"
-            if m.role == "assistant":
-                waiting = [c.id for c in m.tool_calls]
-    assert not waiting
+    check_history(messages, "openai")
+
+
+def examples(factor: int) -> int:
+    """``factor`` times the profile's examples per test: cheap properties run more of them."""
+    return settings.default.max_examples * factor
 
 
 def read_only_prefix(kind: str, directory: Path) -> list[str]:

@@ -1,4 +1,4 @@
-"""Test doubles for model providers, usable without any network.
+"""Model doubles, usable without any network (re-exported by :mod:`agentloop.testing`).
 
 ``ScriptedModel`` plays back canned replies; ``FunctionModel`` streams whatever a function
 yields. Both are adapters (register them with ``ctx.llm.register(name, model)``) and record
@@ -7,6 +7,8 @@ every request they receive in ``.requests``, with the runtime's defaults already
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -14,21 +16,24 @@ from typing import Any
 import attrs
 import trio
 
-from ._errors import ProviderError
-from ._model import (
+from .._errors import ProviderError
+from .._model import (
     Finish,
     FinishReason,
     LLMRequest,
+    Message,
     ReasoningDelta,
     StreamPart,
     TextDelta,
     ToolCallDelta,
 )
-from .llm._base import AdapterDefaults, ModelAdapter
+from ..llm._base import AdapterDefaults, ModelAdapter
 
 __all__ = [
     "ScriptedModel",
     "FunctionModel",
+    "TestModel",
+    "example_arguments",
     "Reply",
     "reply",
     "TextDelta",
@@ -105,8 +110,6 @@ def _chunks(text: str, size: int | None) -> list[str]:
 
 
 def _render_arguments(arguments: Mapping[str, Any] | str) -> str:
-    import json
-
     return arguments if isinstance(arguments, str) else json.dumps(arguments)
 
 
@@ -212,3 +215,111 @@ class FunctionModel(ModelAdapter):
     def stream(self, request: LLMRequest) -> AsyncIterator[StreamPart]:
         self.requests.append(request)
         return self._fn(request)
+
+
+def example_arguments(schema: Mapping[str, Any]) -> Any:
+    """A value that fits the JSON schema ``schema``, chosen plainly and deterministically.
+
+    Covers what tool schemas use: ``type`` (one or a list), ``enum``, ``const``, ``anyOf`` /
+    ``oneOf``, ``properties`` with ``required``, ``items`` and ``prefixItems``,
+    ``minItems``, ``minimum``/``maximum`` (also exclusive) and ``minLength``/``maxLength``.
+    """
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    for key in ("anyOf", "oneOf"):
+        branches = schema.get(key)
+        if branches:
+            # A null branch is the Optional[...] spelling: the other one exercises more.
+            typed = [b for b in branches if b.get("type") != "null"] or list(branches)
+            return example_arguments(typed[0])
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), kind[0] if kind else None)
+    if kind == "object" or (kind is None and "properties" in schema):
+        properties = schema.get("properties", {})
+        return {name: example_arguments(sub) for name, sub in properties.items()}
+    if kind == "array":
+        prefix = [example_arguments(s) for s in schema.get("prefixItems", ())]
+        items = schema.get("items")
+        count = max(int(schema.get("minItems", 0)), len(prefix), 1 if items else 0)
+        if schema.get("maxItems") is not None:
+            count = min(count, int(schema["maxItems"]))
+        extra = [example_arguments(items) for _ in range(count - len(prefix))] if items else []
+        return [*prefix, *extra][: max(count, len(prefix))]
+    if kind in ("integer", "number"):
+        low = schema.get("minimum", schema.get("exclusiveMinimum"))
+        high = schema.get("maximum", schema.get("exclusiveMaximum"))
+        value: int | float = 0 if low is None else low
+        if "exclusiveMinimum" in schema and "minimum" not in schema:
+            value = low + 1 if kind == "integer" else low + 0.5
+        if high is not None and value > high:
+            value = high
+        if "exclusiveMaximum" in schema and value >= schema["exclusiveMaximum"]:
+            value = schema["exclusiveMaximum"] - (1 if kind == "integer" else 0.5)
+        if kind == "integer":
+            return int(value) if float(value).is_integer() else math.ceil(value)
+        return value
+    if kind == "boolean":
+        return False
+    if kind == "null":
+        return None
+    if kind == "string":
+        length = max(int(schema.get("minLength", 1)), 0)
+        if schema.get("maxLength") is not None:
+            length = min(length, int(schema["maxLength"]))
+        return "a" * length
+    return None
+
+
+class TestModel(ModelAdapter):
+    """An adapter that calls every visible tool once, then answers with text.
+
+    On the first call of a turn (the history ends with a user message) it calls each tool in
+    ``request.tools`` (or only those named in ``call_tools``) with arguments generated from
+    the tool's JSON schema, all in one reply; once the results are back it answers ``text``,
+    or by default a JSON object of each tool's result text by name. It records every request
+    in ``.requests``.
+    """
+
+    __test__ = False  # a class named Test* is not a pytest test class
+
+    def __init__(
+        self,
+        *,
+        text: str | None = None,
+        call_tools: Iterable[str] | None = None,
+        defaults: AdapterDefaults | None = None,
+    ) -> None:
+        self._text = text
+        self._only = None if call_tools is None else frozenset(call_tools)
+        self.requests: list[LLMRequest] = []
+        if defaults is not None:
+            self.defaults = defaults
+
+    def stream(self, request: LLMRequest) -> AsyncIterator[StreamPart]:
+        self.requests.append(request)
+        messages = list(request.messages)
+        if messages and messages[-1].role == "tool":
+            return _play(reply(self._answer(messages)))
+        calls = [
+            (spec.name, example_arguments(spec.parameters),
+             f"test_{len(self.requests)}_{i}")
+            for i, spec in enumerate(
+                s for s in request.tools if self._only is None or s.name in self._only
+            )
+        ]
+        if not calls:
+            return _play(reply(self._text or "success (no tool calls)"))
+        return _play(reply(None, tool_calls=calls))
+
+    def _answer(self, messages: list[Message]) -> str:
+        if self._text is not None:
+            return self._text
+        results: dict[str, str] = {}
+        for m in reversed(messages):
+            if m.role != "tool":
+                break
+            results[m.name or m.tool_call_id or "?"] = m.text
+        return json.dumps(dict(reversed(results.items())))
