@@ -13,18 +13,26 @@ import logging
 import math
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Self, final
+from typing import TYPE_CHECKING, Any, Final, Self, final
 
 import attrs
 import trio
 
 from ._agent import CLOSE_GRACE, Agent, current_agent
 from ._errors import AgentDisposed as AgentDisposedError
-from ._errors import InvalidContent, PersistenceUnavailable, RuntimeClosed, SessionIdInUse
+from ._errors import (
+    AgentLoopError,
+    InvalidContent,
+    PersistenceUnavailable,
+    RuntimeClosed,
+    SessionIdInUse,
+    SettingsError,
+)
 from ._events import (
     AgentCreated,
     AgentDisposed,
     AgentSessionStart,
+    AgentTurnEnd,
     SessionCreated,
     SessionDisposed,
 )
@@ -36,12 +44,40 @@ from ._util import NoPublicConstructor
 if TYPE_CHECKING:
     from ._context import Context
     from ._runtime import Runtime
+    from ._subagents import Job
 
-__all__ = ["AgentHandle", "AgentsService", "AgentLoopService", "SessionsService"]
+__all__ = [
+    "AgentHandle", "AgentsService", "AgentLoopService", "SessionsService", "SubagentLimitExceeded",
+    "MAX_DEPTH", "MAX_CHILDREN",
+]
 
 log = logging.getLogger("agentloop")
 
 Setup = Callable[["Context"], Awaitable[None]]
+
+MAX_DEPTH: Final = "subagents.max_depth"
+MAX_CHILDREN: Final = "subagents.max_children"
+_LIMIT_DEFAULTS: Final = {MAX_DEPTH: 3, MAX_CHILDREN: 8}
+
+
+class SubagentLimitExceeded(AgentLoopError):  # noqa: N818 - reads as a state
+    """A sub-agent would exceed ``subagents.max_depth`` or ``subagents.max_children``."""
+
+
+def subagent_limit(rt: Runtime, key: str) -> int:
+    """The current value of a sub-agent limit setting (its default while it is unregistered)."""
+    try:
+        value: object = rt.settings.get(key)
+    except SettingsError:
+        value = _LIMIT_DEFAULTS[key]
+    return check_limit(value, key)
+
+
+def check_limit(value: object, key: str) -> int:
+    """The write-time validation of a sub-agent limit."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise SettingsError(f"{key}: must be a positive integer, got {value!r}")
+    return value
 
 
 def _check_id(session_id: object, what: str = "session_id") -> str:
@@ -140,6 +176,7 @@ class _Enter:
     handle: AgentHandle
     owner: Context
     reply: _Reply
+    parent: Agent | None = None
 
 
 @attrs.frozen(slots=True, eq=False)
@@ -161,6 +198,14 @@ class Supervisor:
         self._rt = rt
         self._tx, self._rx = trio.open_memory_channel[_Enter | _Detach](math.inf)
         self._actors: trio.Nursery | None = None
+        # The tree: each live child under its parent's id, and each child's parent.
+        self.children: dict[str, dict[str, Agent]] = {}
+        self.parent_of: dict[str, Agent] = {}
+        # Agents between preparation and publication, so their setup can spawn children.
+        self.preparing: dict[str, Agent] = {}
+        # Background jobs by id (``ctx.jobs``), entered and removed by their owners.
+        self.jobs: dict[str, Job] = {}
+        self._watching_turns = False
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as actors:
@@ -181,10 +226,52 @@ class Supervisor:
         """No more requests (runtime exit, once every agent is quiescent)."""
         self._tx.close()
 
-    async def enter(self, agent: Agent, handle: AgentHandle, owner: Context) -> None:
+    def _child_nursery(self, agent: Agent, parent: Agent) -> trio.Nursery:
+        """Where a child's actor runs: its parent's nursery, checked against the limits.
+
+        A parent still in its ``setup`` has no actor (and so no nursery) yet: its children
+        run in the supervisor's nursery. They are owned by the parent's scope all the same,
+        so they are disposed, to quiescence, before the parent is.
+        """
+        if parent._disposing or parent._quiescent.is_set():
+            raise AgentDisposedError(
+                f"agent {parent.id!r} is disposed; it cannot start sub-agent {agent.id!r}"
+            )
+        limit = subagent_limit(self._rt, MAX_CHILDREN)
+        if len(self.children.get(parent.id, ())) >= limit:
+            raise SubagentLimitExceeded(
+                f"agent {parent.id!r} already has {limit} live sub-agents "
+                f"({MAX_CHILDREN} = {limit}); wait for one to finish or close one"
+            )
+        self._watch_turns()
+        assert self._actors is not None
+        return parent._nursery if parent._nursery is not None else self._actors
+
+    def _watch_turns(self) -> None:
+        # Installed with the first child, so runtimes without sub-agents pay nothing per turn.
+        if self._watching_turns:
+            return
+        self._watching_turns = True
+        self._rt.bus.on(AgentTurnEnd, self._on_turn_end)
+
+    def _on_turn_end(self, event: AgentTurnEnd) -> None:
+        """A parent's aborted turn ends every running turn of its children (cause ``parent``).
+
+        A child awaited inside a tool call is cancelled at once, when the call is; this
+        catches the children running on their own (spawned, background jobs).
+        """
+        if event.reason != "aborted":
+            return
+        for child in list(self.children.get(event.agent_id, {}).values()):
+            if child.status == "running":
+                child.cancel("parent")
+
+    async def enter(
+        self, agent: Agent, handle: AgentHandle, owner: Context, parent: Agent | None = None
+    ) -> None:
         """Ask for publication and wait for the verdict (``SessionIdInUse`` for a loser)."""
         reply = _Reply()
-        self._tx.send_nowait(_Enter(agent, handle, owner, reply))
+        self._tx.send_nowait(_Enter(agent, handle, owner, reply, parent))
         # Shielded: the verdict is immediate, and a creator cancelled while the supervisor
         # publishes must not be left not knowing it won.
         with trio.CancelScope(shield=True):
@@ -208,23 +295,34 @@ class Supervisor:
             self._apply_detach(agent)  # the runtime is past its supervisor: detach in place
 
     def _apply_enter(self, request: _Enter) -> None:
-        rt, agent = self._rt, request.agent
+        rt, agent, parent = self._rt, request.agent, request.parent
         try:
             if agent.id in rt.agents or agent.id in rt.sessions:
                 raise SessionIdInUse(f"session id {agent.id!r} is already in use by a live agent")
             if self._actors is None:
                 raise RuntimeClosed("the runtime's supervisor is not running")
+            if request.owner.closed or request.owner.closing:
+                # Its owner would never dispose it: it snapshots what it owns when it closes.
+                raise AgentDisposedError(
+                    f"{request.owner.name} closed while agent {agent.id!r} was being created"
+                )
+            nursery = self._actors
+            if parent is not None:
+                nursery = self._child_nursery(agent, parent)
             rt.agents[agent.id] = agent
             rt.sessions[agent.id] = agent.session
             agent._published = True
             request.owner._own(request.handle)
+            if parent is not None:
+                self.children.setdefault(parent.id, {})[agent.id] = agent
+                self.parent_of[agent.id] = parent
             try:
                 rt.emit(SessionCreated(agent.id, agent.session.meta, agent.resumed))
                 rt.emit(AgentCreated(agent.id))
                 rt.emit(AgentSessionStart(agent.id, agent.resumed))
             finally:
                 agent._announced.set()
-                self._actors.start_soon(agent._actor, name=f"agentloop.agent:{agent.id}")
+                nursery.start_soon(agent._actor, name=f"agentloop.agent:{agent.id}")
         except Exception as exc:  # noqa: BLE001 - handed to the creator, who re-raises
             request.reply.error = exc
         finally:
@@ -233,6 +331,13 @@ class Supervisor:
     def _apply_detach(self, agent: Agent) -> None:
         rt = self._rt
         try:
+            parent = self.parent_of.get(agent.id)
+            if parent is not None and self.children.get(parent.id, {}).get(agent.id) is agent:
+                del self.parent_of[agent.id]
+                siblings = self.children[parent.id]
+                del siblings[agent.id]
+                if not siblings:
+                    del self.children[parent.id]
             if rt.agents.get(agent.id) is agent:
                 del rt.agents[agent.id]
                 rt.emit(AgentDisposed(agent.id))
@@ -336,6 +441,7 @@ async def _transaction(
     setup: Setup | None,
     *,
     resumed: bool,
+    parent: Agent | None = None,
 ) -> AgentHandle:
     rt = owner._runtime
     rt.check_open()
@@ -383,7 +489,13 @@ async def _transaction(
             scope = owner.child(f"agent:{session_id}", agent_id=session_id)
             agent.ctx = scope
             if setup is not None:
-                await setup(scope)
+                preparing = rt.supervisor.preparing
+                preparing[session_id] = agent
+                try:
+                    await setup(scope)
+                finally:
+                    if preparing.get(session_id) is agent:
+                        del preparing[session_id]
             await trio.lowlevel.checkpoint()
             rt.check_open()
             if owner.closed or owner.closing:
@@ -400,7 +512,7 @@ async def _transaction(
                     backend.append(session_id, event)
             agent._attached = True
             handle = AgentHandle._create(agent, owner)
-            await rt.supervisor.enter(agent, handle, owner)
+            await rt.supervisor.enter(agent, handle, owner, parent)
         except BaseException:
             with trio.move_on_after(CLOSE_GRACE, shield=True):
                 if scope is not None:

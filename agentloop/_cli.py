@@ -35,6 +35,7 @@ from agentloop import (
     Config,
     ConfigError,
     Context,
+    InvalidContent,
     PersistenceError,
     SessionEvent,
     SessionNotFound,
@@ -551,6 +552,14 @@ async def _open_store(path: str, *, must_exist: str | None = None) -> AsyncItera
     """
     from agentloop_sqlite import SqliteSessionStore
 
+    if path.startswith(("postgresql://", "postgres://")):
+        try:
+            from agentloop_postgres import PostgresSessionStore
+        except ImportError:
+            raise CliError("a PostgreSQL store needs the 'postgres' extra (psycopg)") from None
+        async with PostgresSessionStore.open_read_only(path) as pg_store:
+            yield pg_store
+        return
     if not await trio.Path(path).exists():
         if must_exist is not None:
             raise CliError(f"no session {must_exist!r}: {path} does not exist")
@@ -565,14 +574,48 @@ def _when(timestamp: float) -> str:
     return datetime.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M")
 
 
+def session_tree(infos: Sequence[Any], parents: Mapping[str, str]) -> list[tuple[int, Any]]:
+    """``(depth, info)`` in listing order with each sub-agent session right under its parent.
+
+    A child whose parent is not listed (deleted, or in another store) is shown at the top.
+    """
+    listed = {i.id for i in infos}
+    children: dict[str | None, list[Any]] = {}
+    for info in infos:
+        parent = parents.get(info.id)
+        children.setdefault(parent if parent in listed else None, []).append(info)
+    out: list[tuple[int, Any]] = []
+    seen: set[str] = set()
+    # Iterative: a pathological chain of sub-agents must not exhaust the stack.
+    stack: list[tuple[int, Any]] = [(0, i) for i in reversed(children.get(None, []))]
+    while stack:
+        depth, info = stack.pop()
+        if info.id in seen:
+            continue
+        seen.add(info.id)
+        out.append((depth, info))
+        stack.extend((depth + 1, c) for c in reversed(children.get(info.id, [])))
+    out.extend((0, i) for i in infos if i.id not in seen)  # a cycle in corrupt metadata
+    return out
+
+
 async def _sessions_list(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    parents: dict[str, str] = {}
     async with _open_store(_store_path(args.db)) as store:
         infos = await store.list() if store is not None else []
+        for info in infos:
+            # The listing carries no metadata: the lineage is read from each session's own.
+            parent = (await store.load(info.id)).meta.get("parent_session_id")
+            if isinstance(parent, str):
+                parents[info.id] = parent
     if not infos:
         err.write("no stored sessions\n")
         return EXIT_OK
     rows = [("ID", "TURNS", "LAST ACTIVITY", "CWD")]
-    rows += [(i.id, str(i.turns), _when(i.updated_at), i.cwd or "") for i in infos]
+    rows += [
+        ("  " * depth + i.id, str(i.turns), _when(i.updated_at), i.cwd or "")
+        for depth, i in session_tree(infos, parents)
+    ]
     w_id, w_turns, w_when = (max(len(row[c]) for row in rows) for c in range(3))
     for sid, turns, when, cwd in rows:
         line = f"{sid:<{w_id}}  {turns:>{w_turns}}  {when:<{w_when}}  {cwd}"
@@ -705,6 +748,8 @@ def _message(exc: BaseException) -> tuple[str, int]:
         return str(exc), exc.code
     if isinstance(exc, ConfigError):
         return str(exc), EXIT_USAGE
+    if isinstance(exc, InvalidContent):
+        return f"the prompt cannot be sent: {exc}", EXIT_USAGE
     if isinstance(exc, PersistenceError):
         return f"session store: {exc}", EXIT_FAILED
     if isinstance(exc, OSError) and exc.strerror:

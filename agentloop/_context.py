@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ._persistence import SessionPersistence
     from ._runtime import Runtime
     from ._settings import Settings
+    from ._subagents import JobsService, SubagentsService
     from .llm import ModelAdapter
 
 __all__ = ["Context", "EventsFacade", "LLMFacade", "PromptFacade"]
@@ -294,6 +295,18 @@ class Context:
         from ._agents import SessionsService
 
         return SessionsService(self._runtime)
+
+    @property
+    def subagents(self) -> SubagentsService:
+        from ._subagents import SubagentsService
+
+        return SubagentsService(self)
+
+    @property
+    def jobs(self) -> JobsService:
+        from ._subagents import JobsService
+
+        return JobsService(self)
 
     def provide_persistence(self, backend: SessionPersistence) -> Disposer:
         """Install a session-persistence backend for as long as this scope lives."""

@@ -1,0 +1,435 @@
+"""``ctx.subagents`` and ``ctx.jobs``: child agents as child actors, and background jobs.
+
+Called on behalf of an agent (its tools, hooks, setup), a sub-agent is that agent's child: the
+supervisor starts its actor in the parent actor's nursery, its session ``meta`` records the
+lineage (``parent_session_id``, ``parent_call_id`` inside a tool call, ``depth``), and the
+parent's scope owns its handle, so disposing the parent disposes its children first (each to
+quiescence, depth-first). Called elsewhere (the root context, a plugin's own task) it is an
+ordinary agent owned by the calling context.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, Literal, final
+
+import trio
+
+from ._agent import CLOSE_GRACE, Agent, _freeze_content, current_agent
+from ._agents import (
+    MAX_CHILDREN,
+    MAX_DEPTH,
+    AgentHandle,
+    Setup,
+    SubagentLimitExceeded,
+    _check_id,
+    _freeze_meta,
+    _seed_events,
+    _transaction,
+    dispose,
+    subagent_limit,
+)
+from ._bus import Disposer
+from ._errors import AgentDisposed, AgentLoopError, TurnFailed
+from ._model import AgentOptions, Content
+from ._run import RunResult
+from ._util import NoPublicConstructor
+
+if TYPE_CHECKING:
+    from ._context import Context
+    from ._runtime import Runtime
+
+__all__ = [
+    "Job", "JobCancelled", "JobFailed", "JobStatus", "JobsService", "SubagentsService",
+    "current_call_id",
+]
+
+JobStatus = Literal["running", "done", "failed", "cancelled"]
+
+_TOOL_TASK: Final = "agentloop.tool:"
+_AGENT_TASK: Final = "agentloop.agent:"
+
+
+class JobCancelled(AgentLoopError):  # noqa: N818 - reads as a state
+    """``job.result()`` of a job that was cancelled (or died with its owner)."""
+
+
+class JobFailed(AgentLoopError):  # noqa: N818 - reads as a state
+    """``job.result()`` of a job whose turn ended without an answer (e.g. ``rejected``)."""
+
+
+# --- lineage --------------------------------------------------------------------------------
+
+
+def _parent_of(ctx: Context) -> Agent | None:
+    """The agent a call through ``ctx`` is made on behalf of, if any."""
+    rt = ctx._runtime
+    if ctx.agent_id is not None:
+        found = rt.agents.get(ctx.agent_id) or rt.supervisor.preparing.get(ctx.agent_id)
+        if found is not None:
+            return found
+    agent = current_agent()
+    if agent is not None and agent._rt is rt:
+        return agent
+    return None
+
+
+def current_call_id() -> str | None:
+    """The id of the tool call the calling task serves: the nearest ``agentloop.tool:<id>``
+    task among its ancestors, below the agent's actor task."""
+    task: trio.lowlevel.Task | None = trio.lowlevel.current_task()
+    while task is not None:
+        name = task.name
+        if name.startswith(_TOOL_TASK):
+            return name[len(_TOOL_TASK):]
+        if name.startswith(_AGENT_TASK):
+            return None
+        nursery = task.parent_nursery
+        task = nursery.parent_task if nursery is not None else None
+    return None
+
+
+def _depth(agent: Agent) -> int:
+    depth = agent.session.meta.get("depth")
+    return depth if isinstance(depth, int) and not isinstance(depth, bool) else 0
+
+
+async def _spawn(
+    ctx: Context,
+    *,
+    agent_options: AgentOptions | None,
+    setup: Setup | None,
+    session_id: str | None,
+    seed: Sequence[Any] | None,
+    meta: Mapping[str, Any] | None,
+) -> tuple[AgentHandle, Agent | None, Context]:
+    rt: Runtime = ctx._runtime
+    rt.check_open()
+    parent = _parent_of(ctx)
+    if parent is None and ctx.agent_id is not None:
+        raise AgentDisposed(f"agent {ctx.agent_id!r} is gone; it cannot start sub-agents")
+    owner = ctx
+    lineage: dict[str, Any] = dict(meta or {})
+    if parent is not None:
+        if parent._disposing or parent.ctx is None or parent.ctx.closing:
+            raise AgentDisposed(f"agent {parent.id!r} is disposed; it cannot start sub-agents")
+        owner = parent.ctx
+        depth = _depth(parent) + 1
+        max_depth = subagent_limit(rt, MAX_DEPTH)
+        if depth > max_depth:
+            raise SubagentLimitExceeded(
+                f"a sub-agent of {parent.id!r} would be at depth {depth}, beyond "
+                f"{MAX_DEPTH} = {max_depth}; do the task here instead of delegating it"
+            )
+        max_children = subagent_limit(rt, MAX_CHILDREN)
+        if len(rt.supervisor.children.get(parent.id, ())) >= max_children:
+            raise SubagentLimitExceeded(
+                f"agent {parent.id!r} already has {max_children} live sub-agents "
+                f"({MAX_CHILDREN} = {max_children}); wait for one to finish or close one"
+            )
+        lineage["parent_session_id"] = parent.id
+        # Only a call of the parent's own (not, say, of the agent whose tool runs the
+        # parent's setup) is the parent's call.
+        call_id = current_call_id() if current_agent() is parent else None
+        if call_id is not None:
+            lineage["parent_call_id"] = call_id
+        lineage["depth"] = depth
+        if parent.cwd is not None:
+            lineage.setdefault("cwd", parent.cwd)
+        if agent_options is None:
+            agent_options = parent.options
+    sid = session_id if session_id is not None else f"sub-{uuid.uuid4().hex[:16]}"
+    _check_id(sid)
+    handle = await _transaction(
+        owner, sid, _freeze_meta(lineage), _seed_events(seed), agent_options, setup,
+        resumed=False, parent=parent,
+    )
+    return handle, parent, owner
+
+
+# --- one turn -----------------------------------------------------------------------------
+
+
+async def _answer(
+    agent: Agent, content: Content, parent: Agent | None, output_type: object = None
+) -> RunResult:
+    """Run ``content`` as the child's next turn and return how it ended.
+
+    Cancelled (the parent's turn was, when this runs in one of its tool calls), it ends the
+    child's turn with cause ``parent`` (or disposes the child, when the parent itself is being
+    disposed or there is no parent) and waits, bounded, for the child to converge before
+    re-raising.
+
+    Raises:
+        TurnFailed: the child's turn ended with reason ``error``.
+    """
+    async with agent.run(content, output_type=output_type) as run:
+        try:
+            return await run.result()
+        except trio.Cancelled:
+            with trio.move_on_after(CLOSE_GRACE, shield=True):
+                if parent is not None and not parent._disposing:
+                    agent.cancel("parent")
+                    with contextlib.suppress(TurnFailed):
+                        await run.result()
+                else:
+                    await dispose(agent)
+            raise
+
+
+# --- ctx.subagents ----------------------------------------------------------------------------
+
+
+class SubagentsService:
+    """``ctx.subagents``: child agents of the agent on whose behalf the call is made.
+
+    Limits (settings): ``subagents.max_depth`` (default 3; a top-level agent is at depth 0)
+    and ``subagents.max_children`` (live children per agent, default 8). Exceeding one raises
+    :class:`agentloop.SubagentLimitExceeded`, which a tool turns into an error result.
+    """
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+
+    async def spawn(
+        self,
+        content: object = None,
+        *,
+        agent_options: AgentOptions | None = None,
+        setup: Setup | None = None,
+        session_id: str | None = None,
+        seed: Sequence[Any] | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> AgentHandle:
+        """Create a child agent and keep it; ``content``, when given, is its first prompt.
+
+        Its options default to the parent's. The parent's scope owns the handle: the child is
+        disposed before the parent, or earlier through ``handle.aclose()``.
+
+        Raises:
+            SubagentLimitExceeded: beyond ``subagents.max_depth`` or ``max_children``.
+            AgentDisposed: the parent is being disposed.
+            InvalidContent: ``content``, ``meta`` or ``seed`` is not JSON.
+        """
+        frozen = _freeze_content(content) if content is not None else None
+        handle, _, _ = await _spawn(
+            self._ctx, agent_options=agent_options, setup=setup, session_id=session_id,
+            seed=seed, meta=meta,
+        )
+        if frozen is not None:
+            handle.agent.followup(frozen)
+        return handle
+
+    async def run(
+        self,
+        content: object,
+        *,
+        agent_options: AgentOptions | None = None,
+        setup: Setup | None = None,
+        session_id: str | None = None,
+        output_type: object = None,
+        seed: Sequence[Any] | None = None,
+    ) -> RunResult:
+        """Run one turn of a fresh child agent on ``content``, dispose it, return the outcome.
+
+        Cancelled (for instance with the parent's turn), the child's turn ends ``aborted``
+        with cause ``parent`` before this re-raises.
+
+        Raises:
+            TurnFailed: the child's turn ended with reason ``error``.
+            SubagentLimitExceeded, AgentDisposed, InvalidContent: as :meth:`spawn`.
+        """
+        frozen = _freeze_content(content)
+        handle, parent, _ = await _spawn(
+            self._ctx, agent_options=agent_options, setup=setup, session_id=session_id,
+            seed=seed, meta=None,
+        )
+        try:
+            return await _answer(handle.agent, frozen, parent, output_type)
+        finally:
+            with trio.move_on_after(CLOSE_GRACE, shield=True):
+                await handle.aclose()
+
+
+# --- ctx.jobs -------------------------------------------------------------------------------
+
+
+@final
+class Job(metaclass=NoPublicConstructor):
+    """A sub-agent running in the background (``ctx.jobs.start``).
+
+    ``status`` is ``"running"`` until it takes exactly one final value: ``"done"`` (the turn
+    completed), ``"failed"`` (it ended ``error`` or ``rejected``), or ``"cancelled"``
+    (``cancel()``, its turn aborted, or its owner closed). A finished job's child is disposed;
+    the job stays listed until its owner closes.
+    """
+
+    __slots__ = (
+        "_content", "_deliver", "_done", "_error", "_handle", "_owner", "_parent",
+        "_result", "_scope", "id", "session_id", "status",
+    )
+
+    def __init__(
+        self, job_id: str, handle: AgentHandle, content: Content, owner: Context,
+        parent: Agent | None, *, deliver: bool,
+    ) -> None:
+        self.id: Final = job_id
+        self.session_id: Final = handle.agent.id
+        self.status: JobStatus = "running"
+        self._handle = handle
+        self._content = content
+        self._owner = owner
+        self._parent = parent
+        self._deliver = deliver
+        self._done = trio.Event()
+        self._result: RunResult | None = None
+        self._error: BaseException | None = None
+        self._scope = trio.CancelScope()
+
+    def __repr__(self) -> str:
+        return f"<Job {self.id!r} {self.status} session={self.session_id!r}>"
+
+    async def result(self) -> RunResult:
+        """Wait for the job to finish and return its outcome.
+
+        Raises:
+            TurnFailed: its turn ended with reason ``error``.
+            JobFailed: it ended without an answer otherwise (``rejected``).
+            JobCancelled: it was cancelled.
+        """
+        await self._done.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def cancel(self) -> bool:
+        """Stop the job (its child is disposed); True when it was still running."""
+        if self.status != "running":
+            return False
+        agent = self._handle.agent
+        agent.cancel("user")
+        self._finish("cancelled", error=JobCancelled(f"job {self.id!r} was cancelled"))
+        self._scope.cancel()
+        return True
+
+    def _finish(
+        self, status: JobStatus, *, result: RunResult | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        if self.status != "running":
+            return  # exactly one final status
+        self.status, self._result, self._error = status, result, error
+        self._done.set()
+        if self._deliver and status != "cancelled" and self._parent is not None:
+            self._deliver_to(self._parent)
+
+    def _deliver_to(self, agent: Agent) -> None:
+        if self._result is not None:
+            body = self._result.text
+        else:
+            body = f"Error: {self._error}"
+        # An owner being disposed goes away with its jobs: nothing to deliver to.
+        with contextlib.suppress(AgentDisposed):
+            agent.inject(
+                f"[background job {self.id} {self.status}]\n{body}",
+                source={"job": self.id, "status": self.status, "session_id": self.session_id},
+            )
+
+    async def _watch(self) -> None:
+        agent = self._handle.agent
+        try:
+            with self._scope:
+                try:
+                    outcome = await _answer(agent, self._content, None)
+                except Exception as exc:  # noqa: BLE001 - a job's failure is its status
+                    self._finish("failed", error=exc)
+                else:
+                    if outcome.reason in ("completed", "max-tokens"):
+                        self._finish("done", result=outcome)
+                    elif outcome.reason in ("aborted", "disposed"):
+                        self._finish("cancelled", error=JobCancelled(
+                            f"job {self.id!r} ended {outcome.reason}"
+                        ))
+                    else:
+                        self._finish("failed", error=JobFailed(
+                            f"job {self.id!r} ended {outcome.reason} without an answer"
+                        ))
+        finally:
+            with trio.move_on_after(CLOSE_GRACE, shield=True):
+                await self._handle.aclose()
+            self._finish("cancelled", error=JobCancelled(f"job {self.id!r} was cancelled"))
+
+    def _abandon(self) -> None:
+        """The owner closes: the job dies with it and leaves the registry."""
+        self._finish("cancelled", error=JobCancelled(f"job {self.id!r} died with its owner"))
+        self._scope.cancel()
+        jobs = self._owner._runtime.supervisor.jobs
+        if jobs.get(self.id) is self:
+            del jobs[self.id]
+
+
+class JobsService:
+    """``ctx.jobs``: background sub-agents owned by the agent (or context) that starts them."""
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+
+    def _owner(self) -> Context:
+        parent = _parent_of(self._ctx)
+        return parent.ctx if parent is not None and parent.ctx is not None else self._ctx
+
+    async def start(
+        self,
+        content: object,
+        *,
+        agent_options: AgentOptions | None = None,
+        setup: Setup | None = None,
+        session_id: str | None = None,
+        deliver: bool = False,
+    ) -> Job:
+        """Start a sub-agent on ``content`` in the background and return its :class:`Job`.
+
+        With ``deliver=True`` the finished job's answer (or error) is delivered into the
+        owning agent's inbox as an ``inject``: it reaches the model at the next step of a
+        running turn, or with the next turn, without waking an idle agent. Its ``source`` is
+        ``{"job": id, "status": ..., "session_id": ...}``.
+
+        Raises:
+            ValueError: ``deliver=True`` outside an agent (there is no inbox to deliver to).
+            SubagentLimitExceeded, AgentDisposed, InvalidContent: as ``subagents.spawn``.
+        """
+        frozen: Content = _freeze_content(content)
+        if deliver and _parent_of(self._ctx) is None:
+            raise ValueError("deliver=True needs an owning agent: start the job from one of "
+                             "its tools, hooks or its setup")
+        handle, parent, owner = await _spawn(
+            self._ctx, agent_options=agent_options, setup=setup, session_id=session_id,
+            seed=None, meta=None,
+        )
+        rt = self._ctx._runtime
+        job = Job._create(
+            f"job-{uuid.uuid4().hex[:12]}", handle, frozen, owner, parent, deliver=deliver
+        )
+        rt.supervisor.jobs[job.id] = job
+        try:
+            owner.track(Disposer(job._abandon))
+        except RuntimeError:
+            # The owner closed during creation: the child is already being disposed with it.
+            job._abandon()
+        nursery = parent._nursery if parent is not None and parent._nursery is not None \
+            else rt.system_nursery
+        nursery.start_soon(job._watch, name=f"agentloop.job:{job.id}")
+        return job
+
+    def get(self, job_id: str) -> Job | None:
+        """This owner's job with this id, or ``None``."""
+        job = self._ctx._runtime.supervisor.jobs.get(job_id)
+        return job if job is not None and job._owner is self._owner() else None
+
+    def list(self) -> list[Job]:
+        """This owner's jobs, oldest first (finished ones stay until the owner closes)."""
+        owner = self._owner()
+        return [j for j in self._ctx._runtime.supervisor.jobs.values() if j._owner is owner]
