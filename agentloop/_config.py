@@ -135,11 +135,12 @@ class AgentConfig:
 class ProviderConfig:
     """A model provider route (TOML ``[providers.NAME]``); ``repr`` never shows the API key."""
 
-    kind: Literal["openai", "anthropic"]
+    kind: Literal["openai", "openai-responses", "anthropic"]
     base_url: str
     api_key: str | None = attrs.field(default=None, repr=False)
     api_key_env: str | None = None
-    headers: FrozenDict = attrs.field(factory=FrozenDict, converter=_frozen)
+    # Header values may be credentials (Azure's api-key): never in a repr.
+    headers: FrozenDict = attrs.field(factory=FrozenDict, converter=_frozen, repr=False)
     model: str | None = None
     max_tokens: int | None = None
     reasoning_effort: str | None = None
@@ -161,15 +162,53 @@ class ProviderConfig:
         return None
 
 
+def _masked_dsn(dsn: object) -> str:
+    # A DSN may carry a password: a repr names its presence, never the connection string.
+    return "None" if dsn is None else "'***'"
+
+
+_DSN_START = re.compile(r"(postgres|postgresql)://|\s*\w+\s*=", re.IGNORECASE)
+
+
 @attrs.frozen(kw_only=True)
 class PersistenceConfig:
-    """The session-persistence backend (TOML ``[persistence]``)."""
+    """The session-persistence backend (TOML ``[persistence]``).
 
-    backend: Literal["sqlite"]
-    path: str
+    ``backend = "sqlite"`` needs ``path``; ``backend = "postgres"`` needs ``dsn`` (a libpq
+    connection string, URI or ``key=value`` form), whose password is never shown. A live
+    driver's lease on a session lasts ``lease_seconds`` unless its holder renews it.
+    """
+
+    backend: Literal["sqlite", "postgres"]
+    path: str = ""
+    dsn: str | None = attrs.field(default=None, repr=_masked_dsn)
+    lease_seconds: float = 30.0
 
     def __attrs_post_init__(self) -> None:
-        _check(("path", _non_empty(self.path)))
+        if self.backend == "postgres":
+            dsn_problem = None
+            if not isinstance(self.dsn, str) or not _DSN_START.match(self.dsn):
+                # Never echoed: the connection string may hold a password.
+                dsn_problem = (
+                    "must be a PostgreSQL connection string (postgresql://... or key=value)"
+                )
+            _check(
+                ("dsn", dsn_problem),
+                ("path", "is for backend 'sqlite' only" if self.path else None),
+                ("lease_seconds", _positive_number(self.lease_seconds)),
+            )
+        else:
+            _check(
+                ("path", _non_empty(self.path)),
+                ("dsn", "is for backend 'postgres' only" if self.dsn is not None else None),
+                ("lease_seconds", _positive_number(self.lease_seconds)),
+            )
+
+
+def _positive_number(value: object) -> str | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1e9:
+        return None
+    return f"must be a positive number of seconds, got {value!r}"
 
 
 @attrs.frozen(kw_only=True)

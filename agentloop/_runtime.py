@@ -224,10 +224,10 @@ async def open_runtime(
     """
     cfg = load_config(config)
     specs = [*cfg.plugins, *plugins]
-    if cfg.persistence is not None and not any(
-        s in ("sqlite", "agentloop_sqlite") for s in specs if isinstance(s, str)
-    ):
-        specs.insert(0, "sqlite")
+    if cfg.persistence is not None:
+        backend = cfg.persistence.backend
+        if not any(s in (backend, f"agentloop_{backend}") for s in specs if isinstance(s, str)):
+            specs.insert(0, backend)
     resolved = [_resolve_plugin(s) for s in specs]
     rt = Runtime(cfg)
     try:
@@ -294,12 +294,17 @@ async def _shutdown(
 def _register_providers(root: Context, cfg: Config) -> None:
     if not cfg.providers:
         return
-    from .llm import AnthropicAdapter, OpenAIChatAdapter
+    from .llm import AnthropicAdapter, OpenAIChatAdapter, OpenAIResponsesAdapter
     from .llm._base import AdapterDefaults
 
+    kinds: dict[str, type[OpenAIChatAdapter | OpenAIResponsesAdapter | AnthropicAdapter]] = {
+        "openai": OpenAIChatAdapter,
+        "openai-responses": OpenAIResponsesAdapter,
+        "anthropic": AnthropicAdapter,
+    }
     for name, provider in cfg.providers.items():
         key = provider.resolve_api_key(os.environ)
-        cls = OpenAIChatAdapter if provider.kind == "openai" else AnthropicAdapter
+        cls = kinds[provider.kind]
         try:
             # Unset values stay unset: the adapter keeps its own fallback for them.
             defaults = AdapterDefaults(

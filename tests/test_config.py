@@ -8,6 +8,7 @@ from typing import Any
 import attrs
 import pytest
 
+import agentloop
 from agentloop._config import (
     AgentConfig,
     Config,
@@ -122,12 +123,12 @@ def test_field_errors_are_all_reported_with_paths() -> None:
     message = _error(
         {
             "agents": [{"id": "a", "max_tokens": 0}, {"id": "b", "provider": 3}],
-            "persistence": {"backend": "postgres", "path": "x"},
+            "persistence": {"backend": "mysql", "path": "x"},
         }
     )
     assert "agents[0].max_tokens: must be a positive integer, got 0" in message
     assert "agents[1].provider: expected a string, got 3" in message
-    assert "persistence.backend: must be one of 'sqlite', got 'postgres'" in message
+    assert "persistence.backend: must be one of 'sqlite', 'postgres', got 'mysql'" in message
     assert "$" not in message
 
 
@@ -142,7 +143,7 @@ def test_unknown_key_names_its_path_and_the_closest_field() -> None:
 
 def test_unknown_key_without_a_close_field_lists_the_known_ones() -> None:
     message = _error({"persistence": {"backend": "sqlite", "path": "p", "extra": 1}})
-    assert "persistence.extra: unknown key (known: backend, path)" in message
+    assert "persistence.extra: unknown key (known: backend, dsn, lease_seconds, path)" in message
 
 
 def test_unknown_top_level_scalar_is_an_error() -> None:
@@ -228,7 +229,8 @@ def test_provider_errors() -> None:
     message = _error(
         {"providers": {"oa": {"kind": "azure", "base_url": "u", "headers": {"X": 1}}, "x": 3}}
     )
-    assert "providers.oa.kind: must be one of 'openai', 'anthropic', got 'azure'" in message
+    expected = "must be one of 'openai', 'openai-responses', 'anthropic', got 'azure'"
+    assert f"providers.oa.kind: {expected}" in message
     assert "providers.oa.headers.X: expected a string, got 1" in message
     assert "providers.x: expected a table, got 3" in message
     assert "providers.y.base_url: is required" in _error({"providers": {"y": {"kind": "openai"}}})
@@ -432,3 +434,11 @@ def test_section_errors_list_every_problem() -> None:
     assert "demo.max_attempts: expected an integer" in message
     assert "demo.jitter: expected true or false" in message
     assert "demo.extra: unknown key" in message
+
+
+async def test_a_responses_provider_is_registered_from_config() -> None:
+    config = {"providers": {"r": {"kind": "openai-responses", "base_url": "http://127.0.0.1:9/v1",
+                                  "api_key": "sk-x", "headers": {"api-key": "secret-header"}}}}
+    async with agentloop.open_runtime(config) as rt:
+        assert type(rt.llm.adapter("r")).__name__ == "OpenAIResponsesAdapter"
+    assert "secret-header" not in repr(agentloop.load_config(config))
