@@ -18,7 +18,7 @@ Layering (``tests/test_layering.py`` enforces it; a module imports its own layer
     runtime     _runtime                 open_runtime, plugin actors, shutdown order
     plugin      _plugin                  the Plugin protocol
     context     _context                 Context and the ctx.* facades
-    supervisor  _agents                  the supervisor actor, creation, handles
+    supervisor  _agents _subagents       the supervisor actor, creation, handles; sub-agents, jobs
     driver      _agent                   the agent actor: inbox, run controls, turns
     parts       _inbox _reply _run _scheduler   input; one reply; run handles; tools
     services    _session _llm _tools _settings _persistence _config
@@ -29,6 +29,7 @@ Layering (``tests/test_layering.py`` enforces it; a module imports its own layer
 
 from ._agent import Agent as Agent
 from ._agents import AgentHandle as AgentHandle
+from ._agents import SubagentLimitExceeded as SubagentLimitExceeded
 from ._bus import Disposer as Disposer
 from ._bus import Lagged as Lagged
 from ._config import AgentConfig as AgentConfig
@@ -50,6 +51,7 @@ from ._errors import SessionIdInUse as SessionIdInUse
 from ._errors import SessionNotFound as SessionNotFound
 from ._errors import SettingsError as SettingsError
 from ._errors import ToolDefinitionError as ToolDefinitionError
+from ._errors import TurnFailed as TurnFailed
 from ._events import Allow as Allow
 from ._events import Ask as Ask
 from ._events import Deny as Deny
@@ -63,6 +65,7 @@ from ._model import CallConfig as CallConfig
 from ._model import InboxMessage as InboxMessage
 from ._model import Message as Message
 from ._model import MessageId as MessageId
+from ._model import PendingApproval as PendingApproval
 from ._model import SessionEvent as SessionEvent
 from ._model import ToolCall as ToolCall
 from ._model import ToolResult as ToolResult
@@ -72,9 +75,14 @@ from ._persistence import SessionInfo as SessionInfo
 from ._persistence import SessionPersistence as SessionPersistence
 from ._persistence import StoredSession as StoredSession
 from ._plugin import Plugin as Plugin
+from ._run import Run as Run
+from ._run import RunResult as RunResult
 from ._runtime import open_runtime as open_runtime
 from ._session import Session as Session
 from ._session import validate_session_id as validate_session_id
+from ._subagents import Job as Job
+from ._subagents import JobCancelled as JobCancelled
+from ._subagents import JobFailed as JobFailed
 from ._tools import Tool as Tool
 from ._tools import truncate_content as truncate_content
 from ._util import fixup_module_metadata as _fixup_module_metadata
@@ -93,6 +101,8 @@ __all__ = [
     "Agent",
     "AgentHandle",
     "AgentOptions",
+    "Run",
+    "RunResult",
     "Inbox",
     "InboxMessage",
     "MessageId",
@@ -104,6 +114,7 @@ __all__ = [
     "Tool",
     "ToolSpec",
     "ToolResult",
+    "PendingApproval",
     "truncate_content",
     "FrozenDict",
     "Disposer",
@@ -129,6 +140,11 @@ __all__ = [
     "AgentNotPublished",
     "RuntimeClosed",
     "ToolDefinitionError",
+    "TurnFailed",
+    "SubagentLimitExceeded",
+    "Job",
+    "JobCancelled",
+    "JobFailed",
     "Plugin",
     "thaw",
     "validate_session_id",

@@ -4,6 +4,7 @@ import agentloop
 import agentloop.events
 import agentloop.llm
 import agentloop.testing
+import agentloop.testing.strategies
 
 EXPECTED = {
     agentloop: {
@@ -15,16 +16,29 @@ EXPECTED = {
         "StoredSession", "AgentLoopError", "ConfigError", "SettingsError", "InvalidContent",
         "ProviderError", "SessionIdInUse", "SessionNotFound", "PersistenceUnavailable",
         "PersistenceError", "AgentDisposed", "AgentNotPublished", "RuntimeClosed",
-        "ToolDefinitionError",
+        "ToolDefinitionError", "TurnFailed", "Run", "RunResult", "PendingApproval",
+        "SubagentLimitExceeded", "Job", "JobCancelled", "JobFailed",
         "Plugin", "thaw", "validate_session_id", "load_config", "content_text",
     },
     agentloop.testing: {
         "ScriptedModel", "FunctionModel", "Reply", "reply", "TextDelta", "ReasoningDelta",
         "ToolCallDelta", "Finish", "ProviderError",
+        "TestModel", "example_arguments", "block_network", "check_log", "check_history",
+        "check_inbox", "record_events", "run_race", "Race", "Operation", "RaceModel",
+        "register_race_tools", "check_persistence_backend", "record_stream", "replay_stream",
+        "Recording", "Exchange",
+        "LoopbackServer",
+    },
+    agentloop.testing.strategies: {
+        "operations", "model_scripts", "OPERATION_KINDS", "run_race", "Race", "Operation",
+        "Followup", "Steer", "Inject", "Edit", "Remove", "Cancel", "Close", "CreateSameId",
+        "WriteSetting", "Advance", "Settle", "Spawn", "Exit",
+        "Behaviour", "Say", "Think", "CallTools", "Fail", "Stall", "MaxTokens",
     },
     agentloop.llm: {
-        "OpenAIChatAdapter", "AnthropicAdapter", "ModelAdapter", "AdapterDefaults", "LLMRequest",
-        "TextDelta", "ReasoningDelta", "ToolCallDelta", "Finish", "ProviderError",
+        "OpenAIChatAdapter", "OpenAIResponsesAdapter", "AnthropicAdapter", "ModelAdapter",
+        "AdapterDefaults", "LLMRequest", "TextDelta", "ReasoningDelta", "ToolCallDelta", "Finish",
+        "ProviderError",
     },
     agentloop.events: {
         "Event", "ALL_EVENTS", "Lagged", "SessionEventAppended", "SessionFlush",
@@ -57,7 +71,8 @@ def test_public_value_types_are_frozen_attrs() -> None:
 
     for cls in (agentloop.AgentOptions, agentloop.SessionEvent, agentloop.Message,
                 agentloop.ToolCall, agentloop.InboxMessage, agentloop.CallConfig,
-                agentloop.ToolSpec, agentloop.ToolResult, agentloop.Tool, agentloop.Inbox):
+                agentloop.ToolSpec, agentloop.ToolResult, agentloop.Tool, agentloop.Inbox,
+                agentloop.RunResult, agentloop.PendingApproval):
         assert attrs.has(cls), cls
         inst_fields = attrs.fields(cls)
         assert inst_fields, cls

@@ -606,3 +606,22 @@ def test_send_accepts_exactly_what_can_be_stored_and_sent_unchanged(
 
     model.requests.clear()
     trio.run(main)
+
+
+@pytest.mark.slow
+def test_a_command_line_argument_that_is_not_text_is_a_usage_error(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": "http://127.0.0.1:9",
+           "HOME": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "agentloop", "run", "--provider", "openai", "--model", "x",
+         os.fsdecode(b"bad \xff arg")],
+        capture_output=True, env=env, timeout=60, check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.decode().strip().splitlines() == [
+        "agentloop: error: the prompt cannot be sent: content: lone surrogate at 4"
+    ]

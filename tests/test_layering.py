@@ -17,7 +17,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PUBLIC = {"agentloop", "agentloop.events", "agentloop.llm", "agentloop.testing"}
+PUBLIC = {
+    "agentloop", "agentloop.events", "agentloop.llm", "agentloop.testing",
+    "agentloop.testing.strategies",
+}
 
 # From the top down; a module may import its own layer and any layer below it.
 LAYERS: list[tuple[str, set[str]]] = [
@@ -26,7 +29,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("runtime", {"_runtime"}),
     ("plugin", {"_plugin"}),
     ("context", {"_context"}),
-    ("supervisor", {"_agents"}),
+    ("supervisor", {"_agents", "_subagents"}),
     ("driver", {"_agent"}),
     ("parts", {"_inbox", "_reply", "_run", "_scheduler"}),
     ("services", {"_session", "_llm", "_tools", "_settings", "_persistence", "_config"}),
@@ -37,6 +40,12 @@ LLM = "llm"  # the adapters: beside the core, over values only
 RANK = {name: i for i, (_, names) in enumerate(LAYERS) for name in names}
 LAYER_OF = {name: layer for layer, names in LAYERS for name in names}
 LLM_MAY_IMPORT = {"_model", "_errors", "_http", "_json", "_util"}
+TESTING = "testing"  # a package: every module in it sits in the public layer
+
+
+def layer_name(path: Path) -> str:
+    """The name ``path`` has in LAYERS: its stem, or ``testing`` for the testing package."""
+    return TESTING if path.parent.name == TESTING else path.stem
 
 
 def runtime_imports(path: Path) -> list[tuple[int, str | None, list[str]]]:
@@ -65,6 +74,7 @@ def runtime_imports(path: Path) -> list[tuple[int, str | None, list[str]]]:
 def core_targets(path: Path) -> list[str]:
     """The ``agentloop`` modules ``path`` (inside ``agentloop/``) imports, as short names."""
     in_llm = path.parent.name == "llm"
+    in_testing = path.parent.name == TESTING
     out: list[str] = []
     for level, module, names in runtime_imports(path):
         if level == 0:
@@ -73,6 +83,9 @@ def core_targets(path: Path) -> list[str]:
             continue
         if in_llm and level == 1:
             out.append(LLM)
+            continue
+        if in_testing and level == 1:
+            out.append(TESTING)
             continue
         base = module.split(".")[0] if module else None
         out.extend([base] if base else names)
@@ -90,7 +103,7 @@ def test_core_imports_point_down(path: Path) -> None:
         where = path.relative_to(ROOT)
         assert not bad, f"{where} imports {bad}: llm/ may use only {LLM_MAY_IMPORT}"
         return
-    me = path.stem
+    me = layer_name(path)
     assert me in RANK, f"{me} has no layer: add it to LAYERS here and in agentloop/__init__.py"
     for target in core_targets(path):
         if target in (LLM, me):
