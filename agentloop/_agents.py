@@ -13,7 +13,7 @@ import logging
 import math
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, Self, final
+from typing import TYPE_CHECKING, Any, Final, Literal, Self, final
 
 import attrs
 import trio
@@ -26,6 +26,7 @@ from ._errors import (
     PersistenceUnavailable,
     RuntimeClosed,
     SessionIdInUse,
+    SessionNotFound,
     SettingsError,
 )
 from ._events import (
@@ -359,6 +360,39 @@ class SessionsService:
 
     def list(self) -> list[Session]:
         return list(self._rt.sessions.values())
+
+    async def send(
+        self,
+        session_id: str,
+        content: object,
+        *,
+        target: Literal["next-turn", "next-step"] = "next-turn",
+        wakeup: bool = True,
+        source: object = None,
+    ) -> str:
+        """Deliver input to the session's live driver, wherever it runs; returns the message id.
+
+        A session driven in this runtime gets it at once (``agent.send``). Otherwise a backend
+        that routes input between runtimes (the PostgreSQL store's ``send``) commits it for
+        whichever runtime drives the session, or for the next one to resume it.
+
+        Raises:
+            SessionNotFound: nobody here drives it and no routing backend knows it.
+            InvalidContent: the content, source or target is invalid.
+        """
+        agent = self._rt.agents.get(session_id)
+        if agent is not None:
+            return agent.send(content, source=source, target=target, wakeup=wakeup)
+        route = getattr(self._rt.persistence, "send", None)
+        if route is None:
+            raise SessionNotFound(
+                f"session {session_id!r} is not driven by this runtime, and its store does not "
+                "route input to other runtimes"
+            )
+        message_id: str = await route(
+            session_id, content, target=target, wakeup=wakeup, source=source
+        )
+        return message_id
 
 
 class AgentsService:

@@ -1105,3 +1105,27 @@ async def test_three_runtimes_with_kills_pauses_and_takeovers(
         " WHERE back",
     )
     assert backwards == []
+
+
+async def test_rt_sessions_send_reaches_the_driver_in_another_runtime(dsn: str) -> None:
+    from agentloop.events import AgentTurnEnd
+
+    with trio.fail_after(30):
+        async with (
+            agentloop.open_runtime(_config(dsn)) as a,
+            agentloop.open_runtime(_config(dsn)) as b,
+        ):
+            for rt in (a, b):
+                rt.llm.register("scripted", ScriptedModel(["ok"] * 4))
+            ended = trio.Event()
+            a.events.on(AgentTurnEnd, lambda e: ended.set() if e.turn == 2 else None)
+            handle = await a.agents.create(session_id="routed", agent_options=OPTIONS)
+            # From the driving runtime: delivered to the agent directly.
+            local = await a.sessions.send("routed", "local")
+            await handle.agent.wait_idle()
+            # From another runtime: routed through the store to the live driver.
+            remote = await b.sessions.send("routed", "remote")
+            await ended.wait()
+            assert [p for p, _ in _prompts(handle.agent)] == ["local", "remote"]
+            assert _prompts(handle.agent)[1][1] == remote
+            assert local.startswith("msg_")
