@@ -56,7 +56,9 @@ from ._events import Allow as Allow
 from ._events import Ask as Ask
 from ._events import Deny as Deny
 from ._events import Reject as Reject
+from ._events import Replace as Replace
 from ._events import Retry as Retry
+from ._events import Stop as Stop
 from ._inbox import Inbox as Inbox
 from ._json import FrozenDict as FrozenDict
 from ._json import thaw as thaw
@@ -123,7 +125,9 @@ __all__ = [
     "Ask",
     "Deny",
     "Reject",
+    "Replace",
     "Retry",
+    "Stop",
     "SessionPersistence",
     "SessionInfo",
     "StoredSession",

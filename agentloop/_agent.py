@@ -14,6 +14,7 @@ import contextvars
 import logging
 import math
 import uuid
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final, Literal, final
 
 import attrs
@@ -29,10 +30,14 @@ from ._events import (
     AgentStepResult,
     AgentTurnContinuation,
     AgentTurnEnd,
+    AgentTurnStopping,
     InboxClaimed,
     Reject,
+    Replace,
     Retry,
     SessionFlush,
+    Stop,
+    _Outcome,
 )
 from ._inbox import TARGETS, Inbox, InboxState, Target
 from ._json import FrozenDict, freeze, freeze_repaired, repair_text, text_problem
@@ -42,6 +47,7 @@ from ._model import (
     Content,
     InboxMessage,
     LLMRequest,
+    Message,
     MessageId,
     PendingApproval,
     ToolSpec,
@@ -132,6 +138,10 @@ class _Turn:
     reason: str | None = None
     max_tokens: bool = False
     error: BaseException | None = None
+    detail: str | None = None
+    started: float = 0.0
+    steps: int = 0
+    tool_calls: int = 0
 
 
 @final
@@ -145,7 +155,8 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
     __slots__ = (
         "_announced", "_answers", "_attached", "_blocked", "_cancel_cause", "_disposing",
         "_idle", "_inbox", "_lease", "_needs_lease", "_nursery", "_parked_run", "_parked_since",
-        "_proposal", "_published", "_quiescent", "_rt", "_specs", "_specs_version", "_status",
+        "_proposal", "_published", "_quiescent", "_rt", "_sent", "_specs", "_specs_version",
+        "_status",
         "_teardown_requested", "_turn_scope", "_wake_flag", "ctx", "cwd", "id", "options",
         "resumed", "session",
     )
@@ -188,6 +199,9 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         )
         self._specs_version = -1
         self._specs: tuple[ToolSpec, ...] = ()
+        # The messages of the latest request sent on each route, for request/header's
+        # cache_prefix (a snapshot: O(1) to keep and, unless replaced, to compare).
+        self._sent: dict[tuple[str | None, str | None], Sequence[Message]] = {}
         self._needs_lease = False
         self._lease: LeaseClaim | None = None  # its claim on the session's persistence lease
         # Approvals: answers not yet applied by the driver, the tool run that holds parked
@@ -576,7 +590,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             # Cancelled before it began, or its input was removed: no durable turn.
             await trio.lowlevel.checkpoint()
             return
-        turn = _Turn(self.session.turns + 1)
+        turn = _Turn(self.session.turns + 1, started=trio.current_time())
         self.session.append(_log.TURN_START, _log.turn_start(turn.number), turn.number)
         # A resuming turn claims no prompt: queued input waits for the turn after it.
         claimed = () if resuming else self._claim(turn.number, boundary=True)
@@ -618,7 +632,11 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         reason = turn.reason or "error"
         cause = (self._cancel_cause or "user") if reason == "aborted" else None
         end = self.session.append(
-            _log.TURN_END, _log.turn_end(turn.number, reason, cause=cause, error=error),
+            _log.TURN_END,
+            _log.turn_end(
+                turn.number, reason, cause=cause, error=error,
+                usage=self.session.turn_usage or None, detail=turn.detail,
+            ),
             turn.number,
         )
         with trio.move_on_after(CLOSE_GRACE, shield=True):
@@ -652,15 +670,25 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             entering = self._claim(turn.number, boundary=False)
         while True:
             step += 1
+            stop = await self._stopping_point(turn, step, "pre-step")
+            if stop is not None:
+                return stop
             if bus.has_handlers(AgentPreStep):
                 decision = await bus.emit(AgentPreStep(self.id, turn.number, step, entering))
                 if isinstance(decision, Reject):
                     return "rejected"
+                if isinstance(decision, Replace):
+                    self._replace_all(decision.messages)
             outcome = await self._step(turn, step)
+            turn.steps += 1
             if outcome.finish_reason == "max_tokens":
                 turn.max_tokens = True
             if outcome.tool_calls:
                 await run_tool_calls(self, turn.number, outcome.tool_calls)
+                turn.tool_calls += len(outcome.tool_calls)
+                stop = await self._stopping_point(turn, step, "post-tools")
+                if stop is not None:
+                    return stop
             proceed = bool(outcome.tool_calls) or bool(self._inbox.waking)
             if bus.has_handlers(AgentTurnContinuation):
                 proceed = bool(
@@ -669,6 +697,39 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             if not proceed:
                 return "max-tokens" if turn.max_tokens else "completed"
             entering = self._claim(turn.number, boundary=False)
+
+    async def _stopping_point(
+        self, turn: _Turn, step: int, point: Literal["pre-step", "post-tools"]
+    ) -> str | None:
+        """``agent/turn-stopping``: ``"aborted"`` when a policy ends the turn here."""
+        bus = self._rt.bus
+        if not bus.has_handlers(AgentTurnStopping):
+            return None
+        decision = await bus.emit(
+            AgentTurnStopping(
+                self.id, turn.number, step, point, turn.steps, turn.tool_calls,
+                self.session.turn_usage, trio.current_time() - turn.started,
+            )
+        )
+        if not isinstance(decision, Stop):
+            return None
+        self._cancel_cause = decision.cause
+        turn.detail = decision.reason or None
+        log.warning(
+            "agent %s: turn %d stopped (%s): %s", self.id, turn.number, decision.cause,
+            decision.reason or "no reason given",
+        )
+        return "aborted"
+
+    def _replace_all(self, messages: Sequence[Message]) -> None:
+        """A pre-step ``Replace``: the whole history, durably (refused if unpaired)."""
+        session = self.session
+        current = session.messages()
+        if len(current) == len(messages) and session.common_prefix(
+            current, messages
+        ) == len(messages):
+            return  # the same history: nothing to record
+        session.replace_history(1, session.last_seq, messages, reason="pre-step")
 
     def _visible_specs(self) -> tuple[ToolSpec, ...]:
         registry = self._rt.tools
@@ -686,14 +747,22 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         system = rt.prompt.render(
             template, provider=config.provider, model=config.model, cwd=self.cwd
         )
-        messages = self.session.messages()
+        history = self.session.messages()
+        messages: Sequence[Message] = history
         if bus.has_handlers(AgentRequest):
-            config = await bus.emit(
-                AgentRequest(self.id, turn.number, step, config, system, specs, messages)
+            outcome_of = _Outcome()
+            proposed = AgentRequest(
+                self.id, turn.number, step, config, system, specs, history, outcome_of
             )
-            if not isinstance(config, CallConfig):
-                raise TypeError(f"an agent/request handler returned {config!r}, not a CallConfig")
-            if "{" in template:
+            config = await bus.emit(proposed)
+            final = outcome_of.event
+            if final is None or final.config is not config:
+                # Only the waterfall's own last copy says what the handlers left.
+                final = attrs.evolve(proposed, config=config)
+            messages, specs = final.messages, final.tools
+            if final.system != system:
+                system = final.system
+            elif "{" in template:
                 system = rt.prompt.render(
                     template, provider=config.provider, model=config.model, cwd=self.cwd
                 )
@@ -710,11 +779,20 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                     )
                 prepared = await rt.llm.prepare_call(config)
                 effective = prepared.config
+                route = (effective.provider, effective.model)
+                before = self._sent.get(route)
                 self.session.append(
                     _log.REQUEST_HEADER,
-                    _log.request_header(step, effective.to_json(), prepared.adapter_defaults),
+                    _log.request_header(
+                        step, effective.to_json(), prepared.adapter_defaults,
+                        messages=len(messages),
+                        cache_prefix=0 if before is None
+                        else self.session.common_prefix(before, messages),
+                        rewritten=messages is not history,
+                    ),
                     turn.number,
                 )
+                self._sent[route] = messages
                 request = LLMRequest(
                     system=system,
                     messages=messages,

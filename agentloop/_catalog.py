@@ -17,14 +17,14 @@ from typing import Any, cast
 import attrs
 
 from ._bus import Lagged
-from ._events import ALL_EVENTS, Allow, Ask, Deny, Event, Kind, Reject, Retry
+from ._events import ALL_EVENTS, Allow, Ask, Deny, Event, Kind, Reject, Replace, Retry, Stop
 
 __all__ = ["render_catalog", "main", "DOCS_PATH"]
 
 DOCS_PATH = Path(__file__).resolve().parents[1] / "docs" / "events.md"
 COMMAND = "python -m agentloop._catalog"
 
-DECISIONS: tuple[type[Any], ...] = (Reject, Retry, Deny, Ask, Allow)
+DECISIONS: tuple[type[Any], ...] = (Reject, Replace, Stop, Retry, Deny, Ask, Allow)
 
 _HEADER = f"""\
 # Event catalog
@@ -165,7 +165,10 @@ def _default(field: attrs.Attribute[Any]) -> str:
 
 
 def _fields_table(cls: type[Any], waterfall: str | None = None) -> list[str]:
-    fields = attrs.fields(cast("type[attrs.AttrsInstance]", cls))
+    fields = [
+        f for f in attrs.fields(cast("type[attrs.AttrsInstance]", cls))
+        if not f.metadata.get("internal")
+    ]
     if not fields:
         return ["No fields."]
     lines = ["| Field | Type | Default |", "| --- | --- | --- |"]

@@ -308,6 +308,25 @@ class Context:
 
         return JobsService(self)
 
+    @property
+    def invariants(self) -> Any:
+        """The invariant companion, when the ``invariants`` plugin is loaded (else ``None``)."""
+        return self._runtime.services.get("invariants")
+
+    def provide(self, name: str, service: object) -> Disposer:
+        """Make ``service`` reachable from every scope as ``ctx.<name>`` (for the names the
+        runtime knows, e.g. ``invariants``) until this scope closes."""
+        services = self._runtime.services
+        if name in services:
+            raise ValueError(f"a {name!r} service is already provided")
+        services[name] = service
+
+        def withdraw() -> None:
+            if services.get(name) is service:
+                del services[name]
+
+        return self.track(Disposer(withdraw))
+
     def provide_persistence(self, backend: SessionPersistence) -> Disposer:
         """Install a session-persistence backend for as long as this scope lives."""
         return self.track(self._runtime.install_persistence(backend))

@@ -41,6 +41,8 @@ __all__ = [
     "Mode",
     # decisions
     "Reject",
+    "Replace",
+    "Stop",
     "Retry",
     "Deny",
     "Ask",
@@ -62,12 +64,14 @@ __all__ = [
     "LlmRetry",
     "PluginFailed",
     "SettingChanged",
+    "InvariantViolated",
     # hooks
     "AgentPreStep",
     "AgentRequest",
     "AgentRequestError",
     "AgentStepResult",
     "AgentTurnContinuation",
+    "AgentTurnStopping",
     "AgentTurnEnd",
     "LlmStream",
     "ToolPreExecute",
@@ -100,6 +104,30 @@ class Event:
 class Reject:
     """``agent/pre-step`` decision: end the turn with reason ``rejected`` and make no call."""
 
+    reason: str = ""
+
+
+@attrs.frozen(slots=True)
+class Replace:
+    """``agent/pre-step`` decision: ``messages`` are the complete history entering the step.
+
+    The replacement is durable: it is logged as ``history/replaced`` over everything the
+    history held, so the step sends exactly ``messages``, later steps build on them and a
+    resumed session sees the same. A replacement that leaves a tool call unanswered (or a
+    result without its call) is refused and the turn ends ``error``.
+    """
+
+    messages: tuple[Message, ...] = attrs.field(converter=tuple)
+
+
+@attrs.frozen(slots=True)
+class Stop:
+    """``agent/turn-stopping`` decision: end the turn ``aborted`` with ``cause``.
+
+    ``reason`` says which limit was reached; it is recorded in ``turn/end`` as ``detail``.
+    """
+
+    cause: str
     reason: str = ""
 
 
@@ -299,6 +327,19 @@ class SettingChanged(Event):
     value: Any
 
 
+@attrs.frozen(slots=True)
+class InvariantViolated(Event):
+    """The invariants companion rebuilt a request from the log and it differs from the
+    request the loop sent; ``diff`` says how. Also logged as an error."""
+
+    name: ClassVar[str] = "invariant/violated"
+    kind: ClassVar[Kind] = "control"
+    agent_id: str
+    seq: int
+    """The seq of the ``request/header`` of the request."""
+    diff: str
+
+
 # --- hooks ----------------------------------------------------------------------------------
 
 
@@ -306,7 +347,8 @@ class SettingChanged(Event):
 class AgentPreStep(Event):
     """Before a step: ``messages`` are the claimed messages entering it.
 
-    Return :class:`Reject` to end the turn with reason ``rejected`` and no model call.
+    Return :class:`Reject` to end the turn with reason ``rejected`` and no model call, or
+    :class:`Replace` to replace the whole history the step sends (durably).
     """
 
     name: ClassVar[str] = "agent/pre-step"
@@ -318,9 +360,23 @@ class AgentPreStep(Event):
     messages: tuple[InboxMessage, ...]
 
 
+@attrs.define(slots=True, eq=False)
+class _Outcome:
+    """Where the final request of an ``agent/request`` waterfall is left for its emitter."""
+
+    event: AgentRequest | None = None
+
+
 @attrs.frozen(slots=True)
 class AgentRequest(Event):
-    """Before a model call: return a new ``config`` (``attrs.evolve``) or ``None``."""
+    """Before a model call: ``request`` is the whole proposal (``system``, ``tools``,
+    ``messages``, ``config``).
+
+    Return a new ``config`` (``attrs.evolve(event.config, ...)``), a new request
+    (``attrs.evolve(event.request, messages=...)``), or ``None``. What the last handler leaves
+    is what is sent and what ``request/header`` describes; messages replaced here are for this
+    call only (the history is unchanged) and the header marks them ``rewritten``.
+    """
 
     name: ClassVar[str] = "agent/request"
     kind: ClassVar[Kind] = "hook"
@@ -333,6 +389,32 @@ class AgentRequest(Event):
     system: str
     tools: tuple[ToolSpec, ...]
     messages: Sequence[Message]
+    _outcome: _Outcome | None = attrs.field(
+        default=None, eq=False, repr=False, alias="outcome", metadata={"internal": True}
+    )
+
+    def __attrs_post_init__(self) -> None:
+        value: object = self.config
+        if isinstance(value, LLMRequest):
+            # A handler returned a whole request: the waterfall carries its parts on.
+            object.__setattr__(self, "config", value.config)
+            object.__setattr__(self, "system", value.system)
+            object.__setattr__(self, "tools", tuple(value.tools))
+            object.__setattr__(self, "messages", value.messages)
+        elif not isinstance(value, CallConfig):
+            raise TypeError(
+                f"an agent/request handler returned {value!r}, not a CallConfig or an LLMRequest"
+            )
+        if self._outcome is not None:
+            self._outcome.event = self
+
+    @property
+    def request(self) -> LLMRequest:
+        """The proposal as one value; return ``attrs.evolve(event.request, ...)`` to replace it."""
+        return LLMRequest(
+            system=self.system, messages=self.messages, tools=self.tools, config=self.config,
+            session_id=self.agent_id, turn=self.turn, step=self.step,
+        )
 
 
 @attrs.frozen(slots=True)
@@ -376,6 +458,29 @@ class AgentTurnContinuation(Event):
     turn: int
     step: int
     proceed: bool
+
+
+@attrs.frozen(slots=True)
+class AgentTurnStopping(Event):
+    """Where a policy may end the turn: before each step and after a step's tools.
+
+    ``point`` is ``"pre-step"`` or ``"post-tools"``; ``steps`` counts the model calls the turn
+    made so far, ``tool_calls`` its tool calls, ``usage`` sums their token counts and
+    ``elapsed`` is the seconds since the turn opened (trio's clock). Return :class:`Stop` to
+    end the turn ``aborted`` with its ``cause``; ``None`` lets it go on.
+    """
+
+    name: ClassVar[str] = "agent/turn-stopping"
+    kind: ClassVar[Kind] = "hook"
+    mode: ClassVar[Mode] = "decision"
+    agent_id: str
+    turn: int
+    step: int
+    point: Literal["pre-step", "post-tools"]
+    steps: int
+    tool_calls: int
+    usage: FrozenDict
+    elapsed: float
 
 
 @attrs.frozen(slots=True)

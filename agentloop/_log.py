@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Final, Literal, TypedDict
 
-from ._json import JSON, FrozenDict
-from ._model import Content, ToolCall
+from ._json import JSON, FrozenDict, freeze
+from ._model import Content, Message, ToolCall
 
 __all__ = [
     "TURN_START", "TURN_END", "USER_MESSAGE", "STEERING_MESSAGE", "REQUEST_HEADER",
@@ -23,6 +23,8 @@ __all__ = [
     "TurnEndData", "ChunkData", "RequestHeaderData",
     "TOOL_APPROVAL_REQUESTED", "TOOL_APPROVAL_ANSWERED", "approval_requested",
     "approval_answered", "ApprovalRequestedData", "ApprovalAnsweredData",
+    "HISTORY_REPLACED", "history_replaced", "HistoryReplacedData", "message_json",
+    "USAGE_KEYS",
 ]
 
 TURN_START: Final = "turn/start"
@@ -36,6 +38,13 @@ TOOL_CALL: Final = "tool/call"
 TOOL_RESULT: Final = "tool/result"
 TOOL_APPROVAL_REQUESTED: Final = "tool/approval-requested"
 TOOL_APPROVAL_ANSWERED: Final = "tool/approval-answered"
+HISTORY_REPLACED: Final = "history/replaced"
+
+USAGE_KEYS: Final = (
+    "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
+    "reasoning_tokens",
+)
+"""The normalised token counters summed into ``turn/end`` and ``session.usage``."""
 
 
 # --- payloads, for readers ---------------------------------------------------------------------
@@ -47,12 +56,31 @@ class ClaimedMessageData(TypedDict):
     source: JSON
 
 
-class RequestHeaderData(TypedDict):
+class RequestHeaderData(TypedDict, total=False):
     step: int
     provider: str | None
     model: str | None
     config: FrozenDict
     adapter_defaults: tuple[str, ...]
+    messages: int
+    """How many messages the request sends."""
+    cache_prefix: int
+    """The index of the first message that differs from the previous request on the same
+    route (provider and model): what a prompt cache may reuse."""
+    rewritten: bool
+    """An ``agent/request`` handler replaced the messages (for this call only)."""
+
+
+class HistoryReplacedData(TypedDict, total=False):
+    """The derived history shows ``messages`` in place of what seqs ``first_seq`` to
+    ``last_seq`` produced (a replacement's own messages count as produced by its
+    ``last_seq``)."""
+
+    first_seq: int
+    last_seq: int
+    messages: tuple[FrozenDict, ...]
+    reason: str
+    usage: FrozenDict
 
 
 class ChunkData(TypedDict, total=False):
@@ -114,6 +142,8 @@ class TurnEndData(TypedDict, total=False):
     reason: str
     cause: str
     error: FrozenDict
+    usage: FrozenDict
+    detail: str
 
 
 # --- builders, for writers ---------------------------------------------------------------------
@@ -124,13 +154,18 @@ def turn_start(turn: int) -> FrozenDict:
 
 
 def turn_end(
-    turn: int, reason: str, *, cause: str | None = None, error: FrozenDict | None = None
+    turn: int, reason: str, *, cause: str | None = None, error: FrozenDict | None = None,
+    usage: FrozenDict | None = None, detail: str | None = None,
 ) -> FrozenDict:
     fields: dict[str, JSON] = {"turn": turn, "reason": reason}
     if cause is not None:
         fields["cause"] = cause
     if error is not None:
         fields["error"] = error
+    if usage is not None:
+        fields["usage"] = usage
+    if detail:
+        fields["detail"] = detail
     return FrozenDict(fields)
 
 
@@ -140,15 +175,23 @@ def claimed_message(message_id: str, content: Content, source: JSON) -> FrozenDi
 
 
 def request_header(
-    step: int, config: FrozenDict, adapter_defaults: tuple[str, ...]
+    step: int, config: FrozenDict, adapter_defaults: tuple[str, ...],
+    *, messages: int | None = None, cache_prefix: int | None = None, rewritten: bool = False,
 ) -> FrozenDict:
-    return FrozenDict(
-        step=step,
-        provider=config["provider"],
-        model=config["model"],
-        config=config,
-        adapter_defaults=adapter_defaults,
-    )
+    fields: dict[str, JSON] = {
+        "step": step,
+        "provider": config["provider"],
+        "model": config["model"],
+        "config": config,
+        "adapter_defaults": adapter_defaults,
+    }
+    if messages is not None:
+        fields["messages"] = messages
+    if cache_prefix is not None:
+        fields["cache_prefix"] = cache_prefix
+    if rewritten:
+        fields["rewritten"] = True
+    return FrozenDict(fields)
 
 
 def text_chunk(step: int, kind: str, delta: str, *, repaired: bool = False) -> FrozenDict:
@@ -228,3 +271,39 @@ def approval_answered(call_id: str, *, approved: bool, reason: str | None = None
     if reason is None:
         return FrozenDict(call_id=call_id, approved=approved)
     return FrozenDict(call_id=call_id, approved=approved, reason=reason)
+
+
+def message_json(message: Message) -> FrozenDict:
+    """A history message as frozen JSON (fields at their defaults are left out).
+
+    Raises:
+        InvalidContent: the content is not JSON.
+    """
+    fields: dict[str, JSON] = {"role": message.role, "content": freeze(message.content)}
+    if message.tool_calls:
+        fields["tool_calls"] = freeze(tuple(c.to_json() for c in message.tool_calls))
+    if message.tool_call_id is not None:
+        fields["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        fields["name"] = message.name
+    if message.is_error:
+        fields["is_error"] = True
+    if message.interrupted:
+        fields["interrupted"] = True
+    if message.reasoning is not None:
+        fields["reasoning"] = message.reasoning
+    if message.reasoning_signature is not None:
+        fields["reasoning_signature"] = message.reasoning_signature
+    if message.reasoning_blocks:
+        fields["reasoning_blocks"] = freeze(message.reasoning_blocks)
+    return FrozenDict(fields)
+
+
+def history_replaced(
+    first_seq: int, last_seq: int, messages: tuple[FrozenDict, ...], reason: str,
+    usage: FrozenDict | None = None,
+) -> FrozenDict:
+    fields = FrozenDict(
+        first_seq=first_seq, last_seq=last_seq, messages=messages, reason=reason
+    )
+    return FrozenDict(fields, usage=usage) if usage else fields

@@ -59,6 +59,9 @@ class Runtime:
         self.agents: dict[str, Agent] = {}
         self.sessions: dict[str, Session] = {}
         self.persistence: SessionPersistence | None = None
+        # Runtime-wide services plugins provide by name (``ctx.invariants``), each owned by
+        # the providing scope.
+        self.services: dict[str, object] = {}
         # Session ids whose persistence lease this runtime holds or is acquiring, with the
         # token of the holder: one live driver per session, arbitrated before the store.
         self.leases: dict[str, LeaseClaim] = {}

@@ -1,13 +1,17 @@
 """Sessions: the append-only durable log and the history derived from it.
 
 The derived history is folded incrementally, one event at a time, by the reducer of the event's
-type; it is never rebuilt from the whole log. Because it only grows, a snapshot of it is the
-list plus a length, so taking one per step costs O(1) whatever the history's size.
+type; it is never rebuilt from the whole log. Between replacements it only grows, so a snapshot
+of it is the list plus a length, and taking one per step costs O(1) whatever the history's size.
+A ``history/replaced`` event splices a *new* list (copy on replace), so earlier snapshots keep
+showing what they showed; each message remembers the seq that produced it, which is how a
+replacement finds the messages its seqs produced.
 """
 
 from __future__ import annotations
 
 import re
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from typing import Final, cast, overload
 
@@ -18,8 +22,11 @@ from ._events import SessionEventAppended
 from ._json import FrozenDict
 from ._model import Content, Message, PendingApproval, SessionEvent, ToolCall
 
+_ROLES: Final = ("user", "assistant", "tool")
+
 __all__ = [
     "Session", "LogView", "HistoryView", "Reducer", "recover_crashed_turn", "validate_session_id",
+    "pairing_problem",
 ]
 
 _SESSION_ID: Final = re.compile(r"[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,127}")
@@ -68,11 +75,15 @@ class LogView(Sequence[SessionEvent]):
 class HistoryView(Sequence[Message]):
     """An immutable snapshot of the derived history (the first ``n`` messages)."""
 
-    __slots__ = ("_items", "_n")
+    __slots__ = ("_gen", "_items", "_n", "_owner")
 
-    def __init__(self, items: list[Message], n: int) -> None:
+    def __init__(
+        self, items: list[Message], n: int, gen: int = 0, owner: object = None
+    ) -> None:
         self._items = items
         self._n = n
+        self._gen = gen  # which spliced list of its session ``items`` is
+        self._owner = owner
 
     def __len__(self) -> int:
         return self._n
@@ -164,6 +175,75 @@ REDUCERS: dict[str, Reducer] = {
 }
 
 
+def _message(data: object) -> Message:
+    """A history message from its frozen JSON (``_log.message_json``)."""
+    if not isinstance(data, FrozenDict):
+        raise TypeError(f"a replacement message must be a JSON object, got {data!r}")
+    role = data["role"]
+    if role not in _ROLES:
+        raise ValueError(f"a message role must be user, assistant or tool, got {role!r}")
+    content = data.get("content", "")
+    if not isinstance(content, (str, tuple)):
+        raise TypeError(f"content must be text or a list of parts, got {content!r}")
+    return Message(
+        role,
+        content,
+        tool_calls=tuple(
+            ToolCall(c["id"], c["name"], c["arguments"]) for c in data.get("tool_calls", ())
+        ),
+        tool_call_id=data.get("tool_call_id"),
+        name=data.get("name"),
+        is_error=bool(data.get("is_error")),
+        interrupted=bool(data.get("interrupted")),
+        reasoning=data.get("reasoning"),
+        reasoning_signature=data.get("reasoning_signature"),
+        reasoning_blocks=tuple(data.get("reasoning_blocks", ())),
+    )
+
+
+def pairing_problem(messages: Sequence[Message], pending: set[str] | frozenset[str]) -> str | None:
+    """Why a provider would refuse ``messages`` as a history (``None`` if it would not).
+
+    Every tool result must answer a call of the assistant message before it, and all of that
+    message's calls must be answered before any other message; ``pending`` calls (the model's
+    calls still running) may stay unanswered at the end, and must be there.
+    """
+    waiting: list[str] = []
+    seen: set[str] = set()
+    for i, m in enumerate(messages):
+        if m.role == "tool":
+            if m.tool_call_id not in waiting:
+                return (
+                    f"message #{i} would be a result for tool call {m.tool_call_id!r} "
+                    "without its call right before it"
+                )
+            waiting.remove(m.tool_call_id)
+            continue
+        if waiting:
+            return f"it would leave the tool calls {waiting} unanswered before message #{i}"
+        for call in m.tool_calls:
+            if call.id in seen:
+                return f"message #{i} would repeat the tool call id {call.id!r}"
+            seen.add(call.id)
+            waiting.append(call.id)
+    if set(waiting) != set(pending):
+        unanswered = [c for c in waiting if c not in pending]
+        if unanswered:
+            return f"it would leave the tool calls {unanswered} unanswered"
+        missing = sorted(set(pending) - set(waiting))
+        return f"it would drop the calls {missing}, whose results are still to come"
+    return None
+
+
+def _add_usage(total: dict[str, int], usage: object) -> None:
+    if not isinstance(usage, FrozenDict):
+        return
+    for key in _log.USAGE_KEYS:
+        value = usage.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            total[key] = total.get(key, 0) + value
+
+
 class Session:
     """A session: id, metadata, the durable log and the derived history.
 
@@ -171,8 +251,9 @@ class Session:
     """
 
     __slots__ = (
-        "_awaiting", "_bus", "_call_ids", "_history", "_log", "_unanswered", "_view", "id",
-        "meta", "turns",
+        "_awaiting", "_bus", "_call_ids", "_gen", "_history", "_last_call", "_log",
+        "_open_turn", "_origins", "_splices", "_turn_usage", "_unanswered", "_usage", "_view",
+        "id", "meta", "turns",
     )
 
     def __init__(self, session_id: str, meta: FrozenDict, bus: EventBus) -> None:
@@ -181,6 +262,17 @@ class Session:
         self._bus = bus
         self._log: list[SessionEvent] = []
         self._history: list[Message] = []
+        # The seq that produced each message, parallel to _history; non-decreasing, since a
+        # replacement's messages count as produced by its last_seq.
+        self._origins: list[int] = []
+        # Each replacement starts a new list (generation); _splices[g] is the first index at
+        # which generation g differs from g - 1.
+        self._gen = 0
+        self._splices: list[int] = [0]
+        self._usage: dict[str, int] = {}
+        self._turn_usage: dict[str, int] = {}
+        self._last_call: tuple[FrozenDict, int] | None = None
+        self._open_turn: int | None = None
         self._view = LogView(self._log)
         # Calls the model made that have no tool/result yet, with whether their tool/call is
         # logged. Kept as events arrive, so closing a turn never rescans the log.
@@ -203,7 +295,123 @@ class Session:
 
     def messages(self) -> HistoryView:
         """The derived history sent to the model (an O(1) immutable snapshot)."""
-        return HistoryView(self._history, len(self._history))
+        return HistoryView(self._history, len(self._history), self._gen, self)
+
+    def seq_of(self, index: int) -> int:
+        """The seq of the event that produced message ``index`` of the history (a
+        replacement's messages count as produced by the last seq it replaced)."""
+        return self._origins[index]
+
+    @property
+    def usage(self) -> FrozenDict:
+        """The session's token counts, summed over its model calls (``input_tokens``,
+        ``output_tokens``, ``cache_read_tokens``, ``cache_write_tokens``,
+        ``reasoning_tokens``; counts no call reported are left out)."""
+        return FrozenDict(self._usage)
+
+    @property
+    def turn_usage(self) -> FrozenDict:
+        """Like :attr:`usage`, for the latest turn only."""
+        return FrozenDict(self._turn_usage)
+
+    @property
+    def last_usage(self) -> tuple[FrozenDict, int] | None:
+        """The latest model call's usage and how many history messages its request and reply
+        cover; ``None`` before any, or once a replacement changed that history."""
+        return self._last_call
+
+    def common_prefix(self, before: Sequence[Message], after: Sequence[Message]) -> int:
+        """How many leading messages ``before`` and ``after`` share.
+
+        O(1) for two snapshots of this session's history (O(replacements) between them);
+        other sequences are compared message by message.
+        """
+        if isinstance(before, HistoryView) and isinstance(after, HistoryView):
+            n = min(before._n, after._n)
+            if before._items is after._items:
+                return n
+            if before._owner is self and after._owner is self and before._gen < after._gen:
+                return min(n, *self._splices[before._gen + 1 : after._gen + 1])
+        n = min(len(before), len(after))
+        for i in range(n):
+            a, b = before[i], after[i]
+            if a is not b and a != b:
+                return i
+        return n
+
+    def replace_history(
+        self,
+        first_seq: int,
+        last_seq: int,
+        messages: Sequence[Message],
+        *,
+        reason: str = "compaction",
+        usage: FrozenDict | None = None,
+    ) -> SessionEvent:
+        """Show ``messages`` in place of the history that seqs ``first_seq`` to ``last_seq``
+        produced (a durable ``history/replaced`` event; honoured after a resume too).
+
+        The replacement sits where the first shadowed message was (or where messages of
+        those seqs would be). ``usage`` (a model call's token counts, for a summary) is added
+        to the session's.
+
+        Raises:
+            InvalidContent: the seqs are out of range, a message is not JSON, or the result
+                would leave a tool call unanswered or a result without its call; nothing is
+                logged then.
+        """
+        if not (
+            isinstance(first_seq, int) and isinstance(last_seq, int)
+            and 1 <= first_seq <= last_seq <= len(self._log)
+        ):
+            raise InvalidContent(
+                f"replace_history: seqs {first_seq!r}..{last_seq!r} are not a range of this "
+                f"session's log (1..{len(self._log)})"
+            )
+        for m in messages:
+            if not isinstance(m, Message):
+                raise InvalidContent(f"replace_history: {m!r} is not a Message")
+        encoded = tuple(_log.message_json(m) for m in messages)
+        decoded = [_message(d) for d in encoded]
+        history, _, _ = self._spliced(first_seq, last_seq, decoded)
+        pending = {call.id for call, _ in self._unanswered.values()}
+        problem = pairing_problem(history, pending)
+        if problem is not None:
+            raise InvalidContent(f"replace_history refused: {problem}")
+        return self.append(
+            _log.HISTORY_REPLACED,
+            _log.history_replaced(first_seq, last_seq, encoded, reason, usage),
+            self._open_turn,
+        )
+
+    def _spliced(
+        self, first_seq: int, last_seq: int, messages: list[Message]
+    ) -> tuple[list[Message], list[int], int]:
+        origins = self._origins
+        i = bisect_left(origins, first_seq)
+        j = bisect_right(origins, last_seq)
+        history = [*self._history[:i], *messages, *self._history[j:]]
+        return history, [*origins[:i], *([last_seq] * len(messages)), *origins[j:]], i
+
+    def _replace(self, event: SessionEvent) -> None:
+        data = cast("_log.HistoryReplacedData", event.data)
+        messages = [_message(d) for d in data["messages"]]
+        first, last = data["first_seq"], data["last_seq"]
+        if not (isinstance(first, int) and isinstance(last, int) and first <= last):
+            raise ValueError(f"history/replaced: {first!r}..{last!r} is not a range of seqs")
+        self._history, self._origins, at = self._spliced(first, last, messages)
+        self._gen += 1
+        self._splices.append(at)
+        self._last_call = None  # the usage it had described no longer matches the history
+        for m in messages:
+            for call in m.tool_calls:
+                if self._call_ids is None:
+                    self._call_ids = set()
+                self._call_ids.add(call.id)
+        usage = data.get("usage")
+        _add_usage(self._usage, usage)
+        if self._open_turn is not None:
+            _add_usage(self._turn_usage, usage)
 
     @property
     def unanswered(self) -> tuple[tuple[ToolCall, bool], ...]:
@@ -228,9 +436,18 @@ class Session:
             n += 1
         return f"{call_id}_{n}"
 
+    def _open(self, event: SessionEvent) -> None:
+        self._open_turn = event.turn
+        self._turn_usage = {}
+
     def _track(self, event: SessionEvent) -> None:
         type_ = event.type
         if type_ == "assistant/message":
+            usage = event.data.get("usage")
+            if usage:
+                _add_usage(self._usage, usage)
+                _add_usage(self._turn_usage, usage)
+                self._last_call = (usage, len(self._history))
             if not event.data.get("interrupted"):
                 for call in tool_calls_of(event.data):
                     self._unanswered[call.id] = (call, False)
@@ -261,13 +478,22 @@ class Session:
         self._log.append(event)
         reducer = REDUCERS.get(type_)
         if reducer is not None:
-            reducer(self._history, event)
+            history = self._history
+            n = len(history)
+            reducer(history, event)
+            if len(history) != n:
+                self._origins.append(event.seq)
             if type_ != "user/message" and type_ != "steering/message":
                 self._track(event)
         elif type_ == "turn/start":
             self.turns = turn or self.turns + 1
+            self._open(event)
         elif type_ == "tool/call" or type_.startswith("tool/approval-"):
             self._track(event)
+        elif type_ == "turn/end":
+            self._open_turn = None
+        elif type_ == "history/replaced":
+            self._replace(event)
         bus = self._bus
         if bus.has_listeners(SessionEventAppended):
             bus.emit_nowait(SessionEventAppended(self.id, event))
@@ -289,9 +515,19 @@ class Session:
             try:
                 reducer = REDUCERS.get(event.type)
                 if reducer is not None:
-                    reducer(self._history, event)
-                elif event.type == "turn/start" and event.turn is not None:
-                    self.turns = max(self.turns, event.turn)
+                    history = self._history
+                    n = len(history)
+                    reducer(history, event)
+                    if len(history) != n:
+                        self._origins.append(event.seq)
+                elif event.type == "turn/start":
+                    if event.turn is not None:
+                        self.turns = max(self.turns, event.turn)
+                    self._open(event)
+                elif event.type == "turn/end":
+                    self._open_turn = None
+                elif event.type == "history/replaced":
+                    self._replace(event)
                 self._track(event)
             except (KeyError, TypeError, AttributeError, ValueError) as exc:
                 raise PersistenceError(

@@ -15,6 +15,7 @@ from ._events import AgentStatus as AgentStatus
 from ._events import AgentStepResult as AgentStepResult
 from ._events import AgentTurnContinuation as AgentTurnContinuation
 from ._events import AgentTurnEnd as AgentTurnEnd
+from ._events import AgentTurnStopping as AgentTurnStopping
 from ._events import Allow as Allow
 from ._events import Ask as Ask
 from ._events import Deny as Deny
@@ -23,16 +24,19 @@ from ._events import InboxClaimed as InboxClaimed
 from ._events import InboxDiscarded as InboxDiscarded
 from ._events import InboxInserted as InboxInserted
 from ._events import InboxSpliced as InboxSpliced
+from ._events import InvariantViolated as InvariantViolated
 from ._events import LlmRetry as LlmRetry
 from ._events import LlmStream as LlmStream
 from ._events import PluginFailed as PluginFailed
 from ._events import Reject as Reject
+from ._events import Replace as Replace
 from ._events import Retry as Retry
 from ._events import SessionCreated as SessionCreated
 from ._events import SessionDisposed as SessionDisposed
 from ._events import SessionEventAppended as SessionEventAppended
 from ._events import SessionFlush as SessionFlush
 from ._events import SettingChanged as SettingChanged
+from ._events import Stop as Stop
 from ._events import ToolApproval as ToolApproval
 from ._events import ToolExecute as ToolExecute
 from ._events import ToolPostExecute as ToolPostExecute
@@ -58,11 +62,13 @@ __all__ = [
     "LlmRetry",
     "PluginFailed",
     "SettingChanged",
+    "InvariantViolated",
     "AgentPreStep",
     "AgentRequest",
     "AgentRequestError",
     "AgentStepResult",
     "AgentTurnContinuation",
+    "AgentTurnStopping",
     "AgentTurnEnd",
     "LlmStream",
     "ToolPreExecute",
@@ -71,6 +77,8 @@ __all__ = [
     "ToolPostExecute",
     "ToolResultEvent",
     "Reject",
+    "Replace",
+    "Stop",
     "Retry",
     "Deny",
     "Ask",
