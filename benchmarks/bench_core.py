@@ -1,9 +1,10 @@
 """Core hot-path figures: per-step overhead, history independence, idle memory, emit cost.
 
-    python benchmarks/bench_core.py [steps|history|memory|emit ...]
+    python benchmarks/bench_core.py [--quick] [steps|history|memory|emit ...]
 
-With no argument every benchmark runs. Figures are printed, never asserted: the machine and
-whatever else runs on it decide them. See ``benchmarks/README.md`` for the targets.
+With no argument every benchmark runs. ``--quick`` runs each once with tiny repetitions (a
+check that the script still works, not a figure). Figures are printed, never asserted: the
+machine and whatever else runs on it decide them. See ``benchmarks/README.md`` for the targets.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ STEPS = 50
 CHUNKS = 10
 CHUNK_SIZE = 5
 TEXT = "abcde" * CHUNKS  # CHUNKS chunks of CHUNK_SIZE characters
-RUNS = 5
+# Read before the functions below bind these as defaults.
+QUICK = __name__ == "__main__" and "--quick" in sys.argv
+RUNS = 1 if QUICK else 5
 OPTIONS = agentloop.AgentOptions(provider="scripted", model="bench")
 
 
@@ -138,7 +141,7 @@ async def bare_loop_us(runs: int = RUNS) -> list[float]:
     return results
 
 
-async def checkpoint_us(n: int = 20_000) -> float:
+async def checkpoint_us(n: int = 200 if QUICK else 20_000) -> float:
     """One trio checkpoint (a task switch through the scheduler): the unit both loops pay."""
     best = float("inf")
     for _ in range(3):
@@ -151,7 +154,7 @@ async def checkpoint_us(n: int = 20_000) -> float:
 
 # --- memory -----------------------------------------------------------------------------------
 
-IDLE_AGENTS = 5000
+IDLE_AGENTS = 50 if QUICK else 5000
 
 
 def rss_bytes() -> int:
@@ -238,7 +241,7 @@ async def parked_tasks_bytes(measure: str) -> float:
 
 # --- emit -------------------------------------------------------------------------------------
 
-EMITS = 200_000
+EMITS = 1000 if QUICK else 200_000
 Loop = Callable[[int], object]
 
 
@@ -395,7 +398,7 @@ async def main(names: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    chosen = sys.argv[1:] or list(BENCHES)
+    chosen = [a for a in sys.argv[1:] if a != "--quick"] or list(BENCHES)
     unknown = [n for n in chosen if n not in BENCHES]
     if unknown:
         sys.exit(f"unknown benchmark(s) {unknown}; choose from {list(BENCHES)}")
