@@ -6,7 +6,12 @@ is one line on stderr and a non-zero exit status; no tracebacks unless ``--verbo
 
 The provider is chosen by ``--provider``/``--model``, else by the config file (its first agent,
 else its first provider), else by an API key in the environment (``OPENAI_API_KEY``,
-``DEEPSEEK_API_KEY``, ``ANTHROPIC_API_KEY``), else the packaged local model (the ``local`` extra).
+``DEEPSEEK_API_KEY``, ``ANTHROPIC_API_KEY``), else by a ``<NAME>_BASE_URL`` without a key (a
+local server, called keyless), else the packaged local model (the ``local`` extra). The choice
+is printed as one line on stderr (``--quiet`` drops it). See ``docs/cli.md``.
+
+Exit statuses: 0 done, 1 the (last) turn failed, 2 usage or configuration (flags, config file,
+missing key, a store that cannot be opened, an unknown session), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ import signal
 import sys
 import threading
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from typing import Any, Final, Literal, TextIO
+from typing import Any, Final, Literal, NoReturn, TextIO
 
 import attrs
 import trio
@@ -30,6 +36,7 @@ import trio
 # The command line is the top layer: it uses only what any program embedding agentloop can.
 from agentloop import (
     Agent,
+    AgentHandle,
     AgentLoopError,
     AgentOptions,
     Config,
@@ -39,11 +46,13 @@ from agentloop import (
     PersistenceError,
     SessionEvent,
     SessionNotFound,
+    TurnFailed,
+    __version__,
     content_text,
     load_config,
     open_runtime,
 )
-from agentloop.events import PluginFailed, SessionEventAppended
+from agentloop.events import PluginFailed
 
 __all__ = ["main", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_INTERRUPTED"]
 
@@ -81,9 +90,13 @@ class EnvProvider:
     base_url: str
     model: str
 
+    @property
+    def url_var(self) -> str:
+        return f"{self.name.upper()}_BASE_URL"
+
     def endpoint(self, environ: Mapping[str, str]) -> str:
         """The base URL to call: the override variable's value, else the public API."""
-        return environ.get(f"{self.name.upper()}_BASE_URL") or self.base_url
+        return environ.get(self.url_var) or self.base_url
 
 
 ENV_PROVIDERS: Final = (
@@ -106,8 +119,22 @@ class Route:
     model: str
     source: Literal["config", "env", "local"]
     env: EnvProvider | None = None
+    keyless: bool = False
     max_tokens: int | None = None
     reasoning_effort: str | None = None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def origin(self) -> str:
+        """Where the route came from, for the header line."""
+        if self.source == "config":
+            return "from the config"
+        if self.source == "local":
+            return "the packaged local model"
+        assert self.env is not None
+        if self.keyless:
+            return f"{self.env.url_var}, no key"
+        return f"from {self.env.key_var}"
 
 
 def _local_module() -> Any:
@@ -137,15 +164,21 @@ def _named_route(
     if name in config.providers:
         chosen = model or config.providers[name].model
         if not chosen:
-            raise CliError(f"provider {name!r} has no model in the config; pass --model")
+            raise CliError(
+                f"provider {name!r} has no model in the config; pass --model", EXIT_USAGE
+            )
         return Route(provider=name, model=chosen, source="config")
     if name == "local":
         return _local_route(model)
     for env in ENV_PROVIDERS:
         if env.name == name:
-            if not environ.get(env.key_var):
-                raise CliError(f"provider {name!r} needs {env.key_var} in the environment")
-            return Route(provider=name, model=model or env.model, source="env", env=env)
+            if not environ.get(env.key_var) and not environ.get(env.url_var):
+                raise CliError(
+                    f"provider {name!r} needs {env.key_var} in the environment "
+                    f"(or {env.url_var} for a server that takes no key)",
+                    EXIT_USAGE,
+                )
+            return _env_route(env, model, environ)
     known = sorted({*config.providers, "local", *(e.name for e in ENV_PROVIDERS)})
     raise CliError(f"unknown provider {name!r} (known: {', '.join(known)})", EXIT_USAGE)
 
@@ -166,14 +199,41 @@ def choose_route(
         return _named_route(next(iter(config.providers)), model, config, environ)
     for env in ENV_PROVIDERS:
         if environ.get(env.key_var):
-            return Route(provider=env.name, model=model or env.model, source="env", env=env)
-    return _local_route(model)
+            return _env_route(env, model, environ)
+    for env in ENV_PROVIDERS:
+        if environ.get(env.url_var):
+            return _env_route(env, model, environ)
+    local = _local_route(None)
+    if model and model != local.model:
+        # Running the local model under another model's name would record a route that
+        # never served the session.
+        raise CliError(
+            f"--model {model} names no provider, and none is configured or has a key in the "
+            f"environment; pass --provider (or --provider local to use {local.model})",
+            EXIT_USAGE,
+        )
+    return local
+
+
+def _env_route(env: EnvProvider, model: str | None, environ: Mapping[str, str]) -> Route:
+    if environ.get(env.key_var):
+        return Route(provider=env.name, model=model or env.model, source="env", env=env)
+    # A base URL alone is a local or self-hosted server (llama.cpp, Ollama, vLLM), which takes
+    # no key: it is called without one, and said so.
+    warning = f"{env.url_var} is set without {env.key_var}: calling {env.endpoint(environ)} "
+    warning += "without an API key"
+    if model is None:
+        warning += f"; pass --model if the server does not serve {env.model}"
+    return Route(
+        provider=env.name, model=model or env.model, source="env", env=env, keyless=True,
+        warnings=(warning,),
+    )
 
 
 def _register_env_provider(rt: Context, env: EnvProvider, environ: Mapping[str, str]) -> None:
     from agentloop.llm import AnthropicAdapter, OpenAIChatAdapter
 
-    key = environ[env.key_var]
+    key = environ.get(env.key_var) or None
     cls = OpenAIChatAdapter if env.kind == "openai" else AnthropicAdapter
     rt.llm.register(env.name, cls(env.endpoint(environ), api_key=key))
 
@@ -192,6 +252,7 @@ class Plan:
     resume: str | None
     options: AgentOptions
     load_local: bool
+    quiet: bool = False
 
 
 def _positive_int(text: str) -> int:
@@ -242,6 +303,7 @@ def make_plan(args: argparse.Namespace, environ: Mapping[str, str]) -> Plan:
         resume=args.resume,
         options=options,
         load_local=route.source == "local" and not configured_local,
+        quiet=args.quiet,
     )
 
 
@@ -272,40 +334,47 @@ def describe_error(error: object) -> str:
 
 
 class Printer:
-    """Writes one session's events as they are appended (a synchronous, non-raising observer)."""
+    """Renders one turn's events, read from ``run.events()``, as they are appended.
 
-    def __init__(self, session_id: str, out: TextIO, err: TextIO) -> None:
-        self.session_id = session_id
+    Text goes to ``out``; reasoning (dimmed on a terminal), tool activity and notes to ``err``.
+    """
+
+    def __init__(self, out: TextIO, err: TextIO) -> None:
         self.out = out
         self.err = err
         self.color = _isatty(err) and not os.environ.get("NO_COLOR")
+        self.show_reasoning = True
         self.turn_end: SessionEvent | None = None
         self.broken = False
         self._text_open = False
         self._reasoning_open = False
+        self._reasoning_hidden = 0
 
-    def __call__(self, event: SessionEventAppended) -> None:
-        if event.session_id != self.session_id:
-            return
+    def show(self, e: SessionEvent) -> None:
+        """Render ``e``; a closed stdout (``| head``) only stops the text, never the turn."""
         try:
-            self._show(event.event)
+            self._show(e)
         except OSError:
-            # A closed stdout (``| head``) must not fail the agent's turn.
             self.broken = True
-        except Exception:
-            logging.getLogger("agentloop").exception("the output printer failed")
 
     def _show(self, e: SessionEvent) -> None:
         data = e.data
-        if e.type == "assistant/chunk":
+        if e.type == "turn/start":
+            self.turn_end = None
+        elif e.type == "assistant/chunk":
             if data["kind"] == "text":
                 self._end_reasoning()
                 self._write(self.out, data["delta"])
                 self._text_open = not data["delta"].endswith("\n")
             elif data["kind"] == "reasoning":
+                if not self.show_reasoning:
+                    self._reasoning_hidden += len(data["delta"])
+                    return
                 self._reasoning_open = True
                 self._write(self.err, self._dim(data["delta"]))
         elif e.type == "tool/call":
+            # The next step's text is another paragraph, also in a file.
+            self.finish()
             args = data["arguments"]
             shown = args if isinstance(args, str) else _json_text(args)
             self.note(f"[tool] {data['name']} {_one_line(shown, 200)}")
@@ -313,21 +382,34 @@ class Printer:
             if data.get("is_error"):
                 outcome = f"error: {_one_line(content_text(data['content']), 200)}"
             else:
-                outcome = "ok"
+                outcome = f"ok: {_one_line(content_text(data['content']), 120)}"
             self.note(f"[tool] {data['name']} -> {outcome}")
+        elif e.type == "tool/approval-requested":
+            args = data.get("arguments")
+            shown = args if isinstance(args, str) else _json_text(args)
+            prompt = f" ({_one_line(data['prompt'], 200)})" if data.get("prompt") else ""
+            self.note(f"[approval] {data['name']} {_one_line(shown, 200)}{prompt}")
         elif e.type == "turn/end":
             self.turn_end = e
-            self._end_reasoning()
-            if self._text_open:
-                self._write(self.out, "\n")
-                self._text_open = False
+            self.finish()
             if data["reason"] == "max-tokens":
                 self.note("[stopped at the max-tokens limit]")
+
+    def finish(self) -> None:
+        """End an open line of text or reasoning."""
+        self._end_reasoning()
+        if self._text_open:
+            self._text_open = False
+            with contextlib.suppress(OSError):
+                self._write(self.out, "\n")
 
     def _dim(self, text: str) -> str:
         return f"\x1b[2m{text}\x1b[0m" if self.color else text
 
     def _end_reasoning(self) -> None:
+        if self._reasoning_hidden:
+            hidden, self._reasoning_hidden = self._reasoning_hidden, 0
+            self._write(self.err, self._dim(f"[reasoning hidden, {hidden} characters]") + "\n")
         if self._reasoning_open:
             self._reasoning_open = False
             self._write(self.err, "\n")
@@ -359,21 +441,31 @@ def _fail(err: TextIO, message: str) -> None:
     err.flush()
 
 
+def _warn(err: TextIO, message: str) -> None:
+    err.write(f"{PROG}: warning: {_one_line(message, 1000)}\n")
+    err.flush()
+
+
 # --- Ctrl-C ---------------------------------------------------------------------------------
 
 
 @attrs.define
 class _Interrupts:
-    """The first Ctrl-C cancels the running turn; one with no turn running ends the command."""
+    """Ctrl-C cancels the running turn; with no turn running it calls ``on_idle``, else it
+    ends the command."""
 
     scope: trio.CancelScope
     agent: Agent | None = None
     seen: bool = False
+    on_idle: Callable[[], None] | None = None
 
     def interrupt(self) -> None:
         self.seen = True
         agent = self.agent
         if agent is not None and agent.status == "running" and agent.cancel("user"):
+            return
+        if self.on_idle is not None:
+            self.on_idle()
             return
         self.scope.cancel()
 
@@ -395,18 +487,32 @@ async def _interrupts() -> AsyncIterator[_Interrupts]:
             nursery.cancel_scope.cancel()
 
 
-# --- run and chat ---------------------------------------------------------------------------
+# --- the runtime, the agent, one turn -------------------------------------------------------
 
 
 def _fresh_id(command: str) -> str:
     return f"{command}-{uuid.uuid4().hex[:8]}"
 
 
+def _local_progress(err: TextIO) -> None:
+    local = _local_module()
+    first = local is not None and not local.default_model_path().is_file()
+    what = "assembling the local model (Gemma 3 270M, about 250 MB, once) and starting it"
+    if not first:
+        what = "starting the local model (a llama.cpp server)"
+    err.write(f"{PROG}: {what}...\n")
+    err.flush()
+
+
 @contextlib.asynccontextmanager
-async def _live_agent(
-    plan: Plan, command: str, environ: Mapping[str, str]
-) -> AsyncIterator[tuple[Context, Agent]]:
-    """Open the runtime, check that what the plan needs loaded, and yield it with the agent."""
+async def _runtime(
+    plan: Plan, environ: Mapping[str, str], err: TextIO, *, compact: bool = False
+) -> AsyncIterator[Context]:
+    """Open the runtime and check that what the plan needs loaded.
+
+    ``compact`` loads the compaction plugin unless the config names it: a long chat then keeps
+    working once its history outgrows the model's context (the local model's is 2,048 tokens).
+    """
     failures: list[PluginFailed] = []
     started = False
 
@@ -414,44 +520,58 @@ async def _live_agent(
         failures.append(event)
         if started:
             # The provider it served is gone; the next model call will fail on that.
-            sys.stderr.write(f"{PROG}: warning: plugin {event.plugin} stopped: "
-                             f"{_one_line(_error_text(event.error))}\n")
+            _warn(err, f"plugin {event.plugin} stopped: {_error_text(event.error)}")
 
     async def watch_plugins(ctx: Context) -> None:
         ctx.events.on(PluginFailed, on_failure)
         await trio.lowlevel.checkpoint()
 
     plugins: list[Any] = [watch_plugins]
+    store_name = None
     if plan.db is not None:
         from agentloop_sqlite import sqlite
 
-        plugins.append(sqlite(plan.db))
+        store = sqlite(plan.db)
+        store_name = getattr(store, "__name__", None)
+        plugins.append(store)
     if plan.load_local:
         plugins.append("local")
+        if not plan.quiet:
+            _local_progress(err)
+    if compact and not any(p in ("compact", "agentloop_compact") for p in plan.config.plugins):
+        plugins.append("compact")
+    for warning in plan.route.warnings:
+        _warn(err, warning)
     async with open_runtime(plan.config, plugins=plugins) as rt:
         if failures:
             failure = failures[0]
-            raise CliError(f"plugin {failure.plugin} failed: {_error_text(failure.error)}")
+            # A store that cannot be opened is configuration (--db, [persistence]).
+            code = EXIT_USAGE if failure.plugin == store_name else EXIT_FAILED
+            raise CliError(f"plugin {failure.plugin} failed: {_error_text(failure.error)}", code)
         started = True
         if plan.route.env is not None:
             _register_env_provider(rt, plan.route.env, environ)
-        session_id = plan.resume or plan.session or _fresh_id(command)
-        meta = {"cwd": os.getcwd(), "label": f"{PROG} {command}"}
-        backend = rt.session_persistence
-        if plan.resume is not None:
-            handle = await rt.agents.resume(
-                resume_session_id=plan.resume, agent_options=plan.options
-            )
-        elif backend is not None and await backend.exists(session_id):
-            handle = await rt.agents.resume(
-                resume_session_id=session_id, agent_options=plan.options
-            )
-        else:
-            handle = await rt.agents.create(
-                session_id=session_id, meta=meta, agent_options=plan.options
-            )
-        async with handle:
-            yield rt, handle.agent
+        yield rt
+
+
+async def _open_agent(
+    rt: Context, plan: Plan, session_id: str, options: AgentOptions, command: str
+) -> AgentHandle:
+    """The agent of ``session_id``: resumed when it is stored, else created."""
+    backend = rt.session_persistence
+    if session_id == plan.resume or (backend is not None and await backend.exists(session_id)):
+        return await rt.agents.resume(resume_session_id=session_id, agent_options=options)
+    meta = {"cwd": os.getcwd(), "label": f"{PROG} {command}"}
+    return await rt.agents.create(session_id=session_id, meta=meta, agent_options=options)
+
+
+def _header(err: TextIO, plan: Plan, options: AgentOptions, session_id: str) -> None:
+    if plan.quiet:
+        return
+    route = f"{options.provider}/{options.model}"
+    stored = "" if plan.db is not None else " (not stored)"
+    err.write(f"{PROG}: {route} ({plan.route.origin}), session {session_id}{stored}\n")
+    err.flush()
 
 
 def _error_text(error: BaseException) -> str:
@@ -460,22 +580,56 @@ def _error_text(error: BaseException) -> str:
     return repr(error)
 
 
-def _turn_exit(printer: Printer, interrupts: _Interrupts) -> int:
-    end = printer.turn_end
-    reason = end.data["reason"] if end is not None else None
-    if reason in ("completed", "max-tokens"):
-        return EXIT_OK
-    if reason == "aborted" and interrupts.seen:
-        return EXIT_INTERRUPTED
-    if reason == "error" and end is not None:
-        _fail(printer.err, describe_error(end.data.get("error")))
-    elif reason == "rejected":
+@attrs.frozen
+class TurnOutcome:
+    """How one turn shown on the terminal ended: the exit status it stands for, its usage."""
+
+    code: int
+    usage: Mapping[str, Any] | None = None
+
+
+Approver = Callable[[Agent, SessionEvent], Any]
+
+
+async def _refuse_approval(agent: Agent, event: SessionEvent) -> None:
+    await trio.lowlevel.checkpoint()
+    reason = f"{PROG} run cannot ask for approval; use {PROG} chat"
+    agent.deny(event.data["call_id"], reason)
+
+
+async def _show_turn(
+    agent: Agent, content: str, printer: Printer, interrupts: _Interrupts, approve: Approver
+) -> TurnOutcome:
+    """Queue ``content`` with ``agent.run`` and render its turn; a failure is one line."""
+    interrupts.seen = False
+    interrupts.agent = agent
+    usage: Mapping[str, Any] | None = None
+    try:
+        async with agent.run(content) as run:
+            async for event in run.events():
+                printer.show(event)
+                if event.type == "tool/approval-requested":
+                    await approve(agent, event)
+                elif event.type == "turn/end" and isinstance(event.data.get("usage"), Mapping):
+                    usage = event.data["usage"]
+        printer.finish()
+        try:
+            result = await run.result()
+        except TurnFailed as failed:
+            _fail(printer.err, describe_error(failed.data))
+            return TurnOutcome(EXIT_FAILED)
+    finally:
+        interrupts.agent = None
+    usage = usage if usage is not None else result.usage
+    if result.reason in ("completed", "max-tokens"):
+        return TurnOutcome(EXIT_OK, usage)
+    if result.reason == "aborted" and interrupts.seen:
+        return TurnOutcome(EXIT_INTERRUPTED, usage)
+    if result.reason == "rejected":
         _fail(printer.err, "the turn was rejected by a hook")
-    elif reason is not None:
-        _fail(printer.err, f"the turn ended: {reason}")
-    elif interrupts.seen:
-        return EXIT_INTERRUPTED
-    return EXIT_FAILED
+    else:
+        _fail(printer.err, f"the turn ended: {result.reason}")
+    return TurnOutcome(EXIT_FAILED, usage)
 
 
 async def _run(args: argparse.Namespace, plan: Plan, out: TextIO, err: TextIO) -> int:
@@ -486,61 +640,328 @@ async def _run(args: argparse.Namespace, plan: Plan, out: TextIO, err: TextIO) -
         raise CliError("the prompt is empty", EXIT_USAGE)
     session_id: str | None = None
     code = EXIT_INTERRUPTED
-    async with _interrupts() as interrupts, _live_agent(plan, "run", os.environ) as (rt, agent):
-        session_id = agent.id
-        printer = Printer(agent.id, out, err)
-        rt.events.on(SessionEventAppended, printer)
-        interrupts.agent = agent
-        agent.followup(prompt)
-        await agent.wait_idle()
-        interrupts.agent = None
-        code = _turn_exit(printer, interrupts)
-    if session_id is not None and plan.db is not None:
+    async with _interrupts() as interrupts, _runtime(plan, os.environ, err) as rt:
+        wanted = plan.resume or plan.session or _fresh_id("run")
+        async with await _open_agent(rt, plan, wanted, plan.options, "run") as handle:
+            session_id = handle.agent.id
+            _header(err, plan, plan.options, session_id)
+            printer = Printer(out, err)
+            outcome = await _show_turn(handle.agent, prompt, printer, interrupts, _refuse_approval)
+            code = outcome.code
+    if session_id is not None and plan.db is not None and not plan.quiet:
         err.write(f"session: {session_id}\n")
     return code
+
+
+# --- chat -----------------------------------------------------------------------------------
+
+_CHAT_HELP: Final = (
+    "/sessions  list stored sessions;  /resume ID  continue one;  /model NAME  switch model;  "
+    "/reasoning  show or hide reasoning;  /queue TEXT  queue a follow-up;  /quit (or Ctrl-D)"
+)
+
+
+def _history_path() -> str:
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local",
+                                                           "share")
+    return os.path.join(base, "agentloop", "chat_history")
+
+
+@attrs.define
+class _LineSource:
+    """Lines typed (with readline's editing and history on a terminal) or piped in.
+
+    ``readline`` blocks, so it runs on a worker thread, one line at a time, and hands each line
+    to trio over a channel; the prompt is written by the chat, so readline's own is empty.
+    """
+
+    tty: bool
+    history: str | None = None
+
+    def setup(self) -> None:
+        if not self.tty:
+            return
+        import readline
+
+        readline.set_history_length(1000)
+        self.history = _history_path()
+        with contextlib.suppress(OSError):
+            readline.read_history_file(self.history)
+
+    def save(self) -> None:
+        if self.history is None:
+            return
+        import readline
+
+        with contextlib.suppress(OSError):
+            os.makedirs(os.path.dirname(self.history), exist_ok=True)
+            readline.write_history_file(self.history)
+
+    def read(self) -> str | None:
+        if self.tty:
+            try:
+                return input()
+            except EOFError:
+                return None
+        line = sys.stdin.readline()
+        return line.rstrip("\n") if line else None
+
+    async def feed(self, tx: trio.MemorySendChannel[str]) -> None:
+        async with tx:
+            while True:
+                line = await trio.to_thread.run_sync(self.read, abandon_on_cancel=True)
+                if line is None:
+                    return
+                await tx.send(line)
+
+
+async def _next_line(rx: trio.MemoryReceiveChannel[str]) -> str | None:
+    try:
+        return await rx.receive()
+    except trio.EndOfChannel:
+        return None
+
+
+def _token_count(usage: Mapping[str, Any] | None) -> int:
+    if not usage:
+        return 0
+    total = usage.get("total_tokens")
+    if isinstance(total, int):
+        return total
+    return sum(v for k in ("input_tokens", "output_tokens")
+               if isinstance(v := usage.get(k), int))
+
+
+@attrs.define
+class _Chat:
+    """One chat: its line source, its state between turns, and its commands."""
+
+    plan: Plan
+    rt: Context
+    out: TextIO
+    err: TextIO
+    interrupts: _Interrupts
+    lines: trio.MemoryReceiveChannel[str]
+    tty: bool
+    options: AgentOptions
+    printer: Printer
+    code: int = EXIT_OK
+    tokens: int = 0
+    quit: bool = False
+    queued: deque[str] = attrs.field(factory=deque)
+    switch: tuple[str, AgentOptions] | None = None
+
+    def prompt(self) -> None:
+        if self.tty:
+            self.err.write("> ")
+            self.err.flush()
+
+    def status(self, agent: Agent) -> None:
+        if self.tty:
+            route = f"{self.options.provider}/{self.options.model}"
+            self.printer.note(
+                f"[{route} · session {agent.id} · turn {agent.session.turns} · "
+                f"{self.tokens:,} tokens]"
+            )
+
+    def on_idle_interrupt(self) -> None:
+        if self.tty:
+            # Ctrl-C at the prompt leaves the chat running: Ctrl-D is the way out.
+            self.err.write("\n(Ctrl-D quits)\n> ")
+            self.err.flush()
+        else:
+            self.interrupts.scope.cancel()
+
+    async def approve(self, agent: Agent, event: SessionEvent) -> None:
+        name = event.data["name"]
+        self.err.write(f"approve {name}? [y/n] ")
+        self.err.flush()
+        if self.tty:
+            await trio.lowlevel.checkpoint()  # the reader beside the turn takes the answer
+            return
+        line = await _next_line(self.lines)
+        self._answer(agent, event.data["call_id"], line)
+
+    def _answer(self, agent: Agent, call_id: str, line: str | None) -> bool:
+        word = (line or "").strip().lower()
+        if word in ("y", "yes"):
+            agent.approve(call_id)
+            return True
+        if word in ("n", "no") or line is None:
+            agent.deny(call_id, "denied at the terminal")
+            return True
+        self.err.write("answer y or n: ")
+        self.err.flush()
+        return False
+
+    async def beside_turn(self, agent: Agent) -> None:
+        """Lines typed while a turn runs: approval answers, follow-ups, else steering."""
+        while True:
+            line = await _next_line(self.lines)
+            if line is None:
+                self.quit = True
+                return
+            pending = agent.pending_approvals
+            if pending:
+                self._answer(agent, pending[0].call_id, line)
+                continue
+            text = line.strip()
+            if not text:
+                continue
+            if text.startswith("/queue "):
+                self.queued.append(text.removeprefix("/queue ").strip())
+                self.printer.note("[queued for after this turn]")
+            elif agent.status == "running":
+                agent.steer(text)
+                self.printer.note("[steering the running turn]")
+            else:
+                self.queued.append(text)
+
+    async def turn(self, agent: Agent, text: str) -> None:
+        async with trio.open_nursery() as nursery:
+            if self.tty:
+                nursery.start_soon(self.beside_turn, agent)
+            outcome = await _show_turn(agent, text, self.printer, self.interrupts, self.approve)
+            nursery.cancel_scope.cancel()
+        self.code = outcome.code
+        self.tokens += _token_count(outcome.usage)
+        if outcome.code == EXIT_INTERRUPTED:
+            self.printer.note("[interrupted; what was shown is kept]")
+        self.status(agent)
+
+    async def command(self, agent: Agent, text: str) -> None:
+        name, _, arg = text.partition(" ")
+        arg = arg.strip()
+        backend = self.rt.session_persistence
+        if name in ("/quit", "/exit"):
+            self.quit = True
+        elif name == "/help":
+            self.printer.note(_CHAT_HELP)
+        elif name == "/reasoning":
+            self.printer.show_reasoning = not self.printer.show_reasoning
+            shown = "shown" if self.printer.show_reasoning else "hidden"
+            self.printer.note(f"[reasoning {shown}]")
+        elif name == "/queue" and arg:
+            self.queued.append(arg)
+        elif name == "/sessions":
+            if backend is None:
+                self.printer.note("[no session store: started with --no-persist]")
+                return
+            for info in await backend.list():
+                mark = " *" if info.id == agent.id else ""
+                self.printer.note(f"{info.id}  {info.turns} turns  {_when(info.updated_at)}{mark}")
+        elif name == "/resume" and arg:
+            if backend is None or not await backend.exists(arg):
+                self.printer.note(f"[no stored session {arg!r}; /sessions lists them]")
+                return
+            self.switch = (arg, self.options)
+        elif name == "/model":
+            if not arg:
+                self.printer.note(f"[{self.options.provider}/{self.options.model}]")
+            elif backend is None:
+                self.printer.note("[/model needs the session store: started with --no-persist]")
+            else:
+                self.switch = (agent.id, attrs.evolve(self.options, model=arg))
+        else:
+            self.printer.note(f"[unknown command {name}] {_CHAT_HELP}")
+
+    async def talk(self, agent: Agent) -> None:
+        """Turns with ``agent`` until Ctrl-D, ``/quit``, or a switch of session or model."""
+        self.interrupts.on_idle = self.on_idle_interrupt
+        while not self.quit and self.switch is None:
+            if self.queued:
+                await self.turn(agent, self.queued.popleft())
+                continue
+            self.prompt()
+            line = await _next_line(self.lines)
+            if line is None:
+                if self.tty:
+                    self.err.write("\n")
+                return
+            text = line.strip()
+            if not text:
+                continue
+            if text.startswith("/"):
+                await self.command(agent, text)
+            else:
+                await self.turn(agent, text)
 
 
 async def _chat(args: argparse.Namespace, plan: Plan, out: TextIO, err: TextIO) -> int:
     tty = _isatty(sys.stdin)
+    source = _LineSource(tty)
+    source.setup()
     session_id: str | None = None
     code = EXIT_INTERRUPTED
-    async with _interrupts() as interrupts, _live_agent(plan, "chat", os.environ) as (rt, agent):
-        session_id = agent.id
-        printer = Printer(agent.id, out, err)
-        rt.events.on(SessionEventAppended, printer)
-        if tty:
-            err.write(f"session {agent.id} with {plan.route.provider}/{plan.route.model};"
-                      " Ctrl-D to quit\n")
-        while True:
-            if tty:
-                err.write("> ")
-                err.flush()
-            line = await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
-            if not line:
-                if tty:
-                    err.write("\n")
-                break
-            if not line.strip():
-                continue
-            interrupts.agent = agent
-            interrupts.seen = False
-            printer.turn_end = None
-            agent.followup(line.rstrip("\n"))
-            await agent.wait_idle()
-            interrupts.agent = None
-            if _turn_exit(printer, interrupts) == EXIT_INTERRUPTED:
-                printer.note("[interrupted]")
-        code = EXIT_OK
-    if session_id is not None and plan.db is not None:
+    saved = _terminal_state() if tty else None
+    try:
+        async with (
+            _interrupts() as interrupts,
+            _runtime(plan, os.environ, err, compact=True) as rt,
+            trio.open_nursery() as nursery,
+        ):
+            tx, rx = trio.open_memory_channel[str](0)
+            nursery.start_soon(source.feed, tx)
+            chat = _Chat(plan, rt, out, err, interrupts, rx, tty, plan.options, Printer(out, err))
+            wanted = plan.resume or plan.session or _fresh_id("chat")
+            while True:
+                async with await _open_agent(rt, plan, wanted, chat.options, "chat") as handle:
+                    session_id = handle.agent.id
+                    _header(err, plan, chat.options, session_id)
+                    if tty and not plan.quiet:
+                        chat.printer.note("Enter sends, typing during a turn steers it, Ctrl-C "
+                                          "cancels the turn, Ctrl-D quits; /help")
+                    await chat.talk(handle.agent)
+                if chat.switch is None:
+                    break
+                wanted, chat.options = chat.switch
+                chat.switch = None
+            code = chat.code
+            nursery.cancel_scope.cancel()
+    finally:
+        source.save()
+        _restore_terminal(saved)
+    if session_id is not None and plan.db is not None and not plan.quiet:
         err.write(f"session: {session_id}\n")
     return code
+
+
+def _terminal_state() -> list[Any] | None:
+    # readline puts the terminal in its own mode while it reads; a chat that ends while a
+    # line is half read must not leave it there.
+    import termios
+
+    try:
+        return termios.tcgetattr(sys.stdin.fileno())
+    except (OSError, ValueError, termios.error):
+        return None
+
+
+def _restore_terminal(saved: list[Any] | None) -> None:
+    if saved is None:
+        return
+    import termios
+
+    with contextlib.suppress(OSError, ValueError, termios.error):
+        termios.tcsetattr(sys.stdin.fileno(), termios.TCSADRAIN, saved)
+
 
 
 # --- sessions -------------------------------------------------------------------------------
 
 
-def _store_path(db: str | None) -> str:
-    return os.path.expanduser(db) if db else _default_db()
+def _store_path(args: argparse.Namespace) -> str:
+    """``--db``, else the config's ``[persistence]``, else the default store."""
+    if args.db:
+        return os.path.expanduser(str(args.db))
+    if args.config:
+        persistence = load_config(args.config).persistence
+        if persistence is not None:
+            if persistence.backend == "postgres" and persistence.dsn:
+                return str(persistence.dsn)
+            if persistence.path:
+                return os.path.expanduser(persistence.path)
+    return _default_db()
 
 
 @contextlib.asynccontextmanager
@@ -562,7 +983,7 @@ async def _open_store(path: str, *, must_exist: str | None = None) -> AsyncItera
         return
     if not await trio.Path(path).exists():
         if must_exist is not None:
-            raise CliError(f"no session {must_exist!r}: {path} does not exist")
+            raise CliError(f"no session {must_exist!r}: {path} does not exist", EXIT_USAGE)
         yield None
         await trio.lowlevel.checkpoint()
     else:
@@ -601,7 +1022,7 @@ def session_tree(infos: Sequence[Any], parents: Mapping[str, str]) -> list[tuple
 
 async def _sessions_list(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     parents: dict[str, str] = {}
-    async with _open_store(_store_path(args.db)) as store:
+    async with _open_store(_store_path(args)) as store:
         infos = await store.list() if store is not None else []
         for info in infos:
             # The listing carries no metadata: the lineage is read from each session's own.
@@ -665,11 +1086,11 @@ def transcript(events: Sequence[SessionEvent]) -> Iterator[str]:
 
 
 async def _sessions_show(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    async with _open_store(_store_path(args.db), must_exist=args.id) as store:
+    async with _open_store(_store_path(args), must_exist=args.id) as store:
         try:
             stored = await store.load(args.id)
         except SessionNotFound:
-            raise CliError(f"no session {args.id!r} in {store.path}") from None
+            raise CliError(f"no session {args.id!r} in {store.path}", EXIT_USAGE) from None
     if args.json:
         for e in stored.events:
             out.write(_json_text({"seq": e.seq, "type": e.type, "turn": e.turn, "data": e.data}))
@@ -685,8 +1106,28 @@ async def _sessions_show(args: argparse.Namespace, out: TextIO, err: TextIO) -> 
 # --- argument parsing and main --------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line and a hint, not argparse's usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(
+            EXIT_USAGE,
+            f"{PROG}: error: {message}\nhint: {self.prog} --help shows the options\n",
+        )
+
+
+def _common_options() -> _Parser:
+    common = _Parser(add_help=False)
+    common.add_argument("--config", metavar="FILE", help="a TOML config file")
+    common.add_argument("-v", "--verbose", action="store_true", help="log details to stderr")
+    common.add_argument(
+        "-q", "--quiet", action="store_true",
+        help="no header line, progress or session line on stderr (warnings and errors stay)",
+    )
+    return common
+
+
 def _add_agent_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="FILE", help="a TOML config file")
     parser.add_argument("--provider", metavar="P", help="provider route (config, env or local)")
     parser.add_argument("--model", metavar="M", help="model name for the provider")
     which = parser.add_mutually_exclusive_group()
@@ -696,28 +1137,27 @@ def _add_agent_options(parser: argparse.ArgumentParser) -> None:
                         help="completion limit per model call")
     parser.add_argument("--db", metavar="PATH", help="the SQLite session store")
     parser.add_argument("--no-persist", action="store_true", help="do not store the session")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log details to stderr")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``agentloop`` argument parser."""
-    parser = argparse.ArgumentParser(
-        prog=PROG, description="Run LLM agents on the agentloop runtime."
-    )
+    common = _common_options()
+    parser = _Parser(prog=PROG, description="Run LLM agents on the agentloop runtime.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    run = commands.add_parser("run", help="run one prompt and stream the answer")
+    run = commands.add_parser("run", parents=[common], help="run one prompt and stream the answer")
     _add_agent_options(run)
     run.add_argument("prompt", metavar="PROMPT", help="the prompt ('-' reads it from stdin)")
-    chat = commands.add_parser("chat", help="chat: each stdin line is a prompt")
+    chat = commands.add_parser("chat", parents=[common], help="chat in one session")
     _add_agent_options(chat)
     sessions = commands.add_parser("sessions", help="read stored sessions")
     which = sessions.add_subparsers(dest="sessions_command", required=True, metavar="ACTION")
-    listing = which.add_parser("list", help="list stored sessions")
-    listing.add_argument("--db", metavar="PATH", help="the SQLite session store")
-    show = which.add_parser("show", help="print a session's transcript")
+    listing = which.add_parser("list", parents=[common], help="list stored sessions")
+    listing.add_argument("--db", metavar="PATH", help="the session store")
+    show = which.add_parser("show", parents=[common], help="print a session's transcript")
     show.add_argument("id", metavar="ID")
     show.add_argument("--json", action="store_true", help="the raw log, one JSON object a line")
-    show.add_argument("--db", metavar="PATH", help="the SQLite session store")
+    show.add_argument("--db", metavar="PATH", help="the session store")
     return parser
 
 
@@ -748,10 +1188,13 @@ def _message(exc: BaseException) -> tuple[str, int]:
         return str(exc), exc.code
     if isinstance(exc, ConfigError):
         return str(exc), EXIT_USAGE
+    if isinstance(exc, SessionNotFound):
+        return str(exc), EXIT_USAGE
     if isinstance(exc, InvalidContent):
         return f"the prompt cannot be sent: {exc}", EXIT_USAGE
     if isinstance(exc, PersistenceError):
-        return f"session store: {exc}", EXIT_FAILED
+        # Nearly always a store that cannot be opened or is not one: configuration.
+        return f"session store: {exc}", EXIT_USAGE
     if isinstance(exc, OSError) and exc.strerror:
         where = f": {exc.filename}" if exc.filename else ""
         return f"{exc.strerror}{where}", EXIT_FAILED
@@ -773,11 +1216,22 @@ def _configure_logging(verbose: bool, err: TextIO) -> Callable[[], None]:
     logger.addHandler(handler)
     logger.setLevel(level)
     logger.propagate = False
+    # The local model's one-time notes (tools it cannot see) are shown even when not verbose.
+    local_logger = logging.getLogger("agentloop_local")
+    local_handler = logging.StreamHandler(err)
+    local_handler.setFormatter(logging.Formatter(f"{PROG}: %(levelname)s: %(message)s"))
+    local_previous = (local_logger.level, local_logger.propagate)
+    local_logger.addHandler(local_handler)
+    local_logger.setLevel(logging.INFO if verbose else logging.WARNING)
+    local_logger.propagate = False
 
     def restore() -> None:
         logger.removeHandler(handler)
         logger.setLevel(previous[0])
         logger.propagate = previous[1]
+        local_logger.removeHandler(local_handler)
+        local_logger.setLevel(local_previous[0])
+        local_logger.propagate = local_previous[1]
 
     return restore
 
@@ -811,6 +1265,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         reported = _expected(exc)
         if isinstance(reported, KeyboardInterrupt):
             return EXIT_INTERRUPTED
+        if isinstance(reported, BrokenPipeError):
+            # The reader went away (``| head``): it has what it wanted.
+            _silence(out)
+            return EXIT_OK
         if reported is None:
             raise
         message, code = _message(reported)
@@ -825,9 +1283,13 @@ def _flush_or_silence(out: TextIO) -> None:
     try:
         out.flush()
     except BrokenPipeError:
-        # The reader went away (``| head``); keep interpreter shutdown from complaining too.
-        with contextlib.suppress(OSError, ValueError):
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, out.fileno())
+        _silence(out)
     except (OSError, ValueError):
         pass
+
+
+def _silence(out: TextIO) -> None:
+    # Keep interpreter shutdown from failing to flush into the closed pipe again.
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, out.fileno())

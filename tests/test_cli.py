@@ -10,6 +10,7 @@ import contextlib
 import http.server
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -39,6 +40,8 @@ class Reply:
     status: int = 200
     error: str = ""
     gate: threading.Event | None = None
+    tool: tuple[str, dict[str, Any]] | None = None
+    reasoning: list[str] = attrs.field(factory=list)
 
 
 @attrs.define
@@ -80,12 +83,21 @@ def _handler(fake: FakeOpenAI) -> type[http.server.BaseHTTPRequestHandler]:
             self.end_headers()
             with contextlib.suppress(OSError):
                 self.wfile.write(_chunk({"role": "assistant", "content": None}))
+                for thought in reply.reasoning:
+                    self.wfile.write(_chunk({"reasoning_content": thought}))
                 for i, text in enumerate(reply.chunks):
                     self.wfile.write(_chunk({"content": text}))
                     self.wfile.flush()
                     if i == 0 and reply.gate is not None:
                         reply.gate.wait(30)
-                self.wfile.write(_chunk({}, "stop"))
+                if reply.tool is not None:
+                    name, arguments = reply.tool
+                    call = {"index": 0, "id": "call-1", "type": "function",
+                            "function": {"name": name, "arguments": json.dumps(arguments)}}
+                    self.wfile.write(_chunk({"tool_calls": [call]}))
+                    self.wfile.write(_chunk({}, "tool_calls"))
+                else:
+                    self.wfile.write(_chunk({}, "stop"))
                 usage = {"prompt_tokens": 5, "completion_tokens": len(reply.chunks)}
                 tail = json.dumps({"choices": [], "usage": usage})
                 self.wfile.write(f"data: {tail}\n\n".encode())
@@ -141,8 +153,12 @@ def cli(
     )
 
 
+HEADER = re.compile(r"^agentloop: \S+/\S+ \(.*\), session \S+( \(not stored\))?$")
+
+
 def one_error_line(stderr: str) -> str:
-    lines = stderr.strip().splitlines()
+    """The one error line, besides the header line saying provider, model and session."""
+    lines = [line for line in stderr.strip().splitlines() if not HEADER.match(line)]
     assert len(lines) == 1, stderr
     assert lines[0].startswith("agentloop: error: "), stderr
     assert "Traceback" not in stderr
@@ -313,7 +329,7 @@ def test_resume_of_an_unknown_id_is_one_line_and_non_zero(
 ) -> None:
     db = str(tmp_path / "s.db")
     code = main(["run", "--config", str(config), "--db", db, "--resume", "nope", "hi"])
-    assert code == 1
+    assert code == 2
     assert "'nope'" in one_error_line(capsys.readouterr().err)
     assert fake.requests == []
 
@@ -386,7 +402,7 @@ def test_sessions_show_of_an_unknown_id_and_an_empty_store(
     assert main(["sessions", "list", "--db", str(db)]) == 0
     assert capsys.readouterr().err == "no stored sessions\n"
     assert not db.exists()
-    assert main(["sessions", "show", "ghost", "--db", str(db)]) == 1
+    assert main(["sessions", "show", "ghost", "--db", str(db)]) == 2
     assert "'ghost'" in one_error_line(capsys.readouterr().err)
 
 
@@ -457,10 +473,11 @@ from agentloop._json import FrozenDict
 from agentloop._model import SessionEvent
 
 
-def _store_a_session(db: Path) -> None:
+def _store_a_session(db: Path, messages: int = 1) -> None:
     log = [
         ("turn/start", FrozenDict(turn=1)),
-        ("user/message", FrozenDict(message_id="m1", content="hello", source=None)),
+        *[("user/message", FrozenDict(message_id=f"m{i}", content="hello", source=None))
+          for i in range(1, messages + 1)],
         ("turn/end", FrozenDict(turn=1, reason="completed")),
     ]
 
@@ -488,7 +505,7 @@ def test_sessions_refuse_another_applications_database_untouched(
         conn.execute("INSERT INTO t VALUES (1)")
         conn.commit()
     before = _files(db)
-    assert main(["sessions", *command, "--db", str(db)]) == 1
+    assert main(["sessions", *command, "--db", str(db)]) == 2
     line = one_error_line(capsys.readouterr().err)
     assert str(db) in line and "not a session store" in line
     assert _files(db) == before
@@ -528,6 +545,245 @@ def test_sessions_read_a_store_in_a_read_only_place(
     assert shown.returncode == 0, shown.stderr
     assert "user: hello" in shown.stdout
     assert "--- turn 1 ended: completed ---" in shown.stdout
-    assert ghost.returncode == 1
+    assert ghost.returncode == 2
     assert "'ghost'" in one_error_line(ghost.stderr)
     assert _files(db) == before
+
+
+# --- honest output ----------------------------------------------------------------------------
+
+
+def test_run_says_provider_model_and_session_on_one_line_unless_quiet(
+    tmp_path: Path, config: Path, fake: FakeOpenAI, env: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    db = str(tmp_path / "s.db")
+    assert main(["run", "--config", str(config), "--db", db, "--session", "h1", "hi"]) == 0
+    first, *_, last = capsys.readouterr().err.splitlines()
+    assert first == "agentloop: fake/fake-model (from the config), session h1"
+    assert last == "session: h1"
+    assert main(["run", "--config", str(config), "--no-persist", "--quiet", "hi"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    assert captured.out == "Hello from the fake model.\n"
+
+
+def test_a_model_without_a_provider_is_refused_rather_than_run_locally(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("agentloop_local")
+    import agentloop_local
+
+    if agentloop_local.missing_requirements():
+        pytest.skip("the local extra is not installed")
+    with pytest.raises(CliError, match="--model gpt-4o names no provider") as error:
+        choose_route(None, "gpt-4o", Config(), {})
+    assert error.value.code == 2
+    assert main(["run", "--model", "gpt-4o", "--no-persist", "hi"]) == 2
+    assert "--provider" in one_error_line(capsys.readouterr().err)
+    # With a key in the environment the model goes to that provider, and the header says so.
+    route = choose_route(None, "gpt-4o", Config(), {"OPENAI_API_KEY": "k"})
+    assert (route.provider, route.model) == ("openai", "gpt-4o")
+    assert route.origin == "from OPENAI_API_KEY"
+    assert choose_route("local", "gemma-3-270m", Config(), {}).source == "local"
+
+
+def test_a_base_url_without_a_key_is_called_keyless_with_a_warning(
+    fake: FakeOpenAI, env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", fake.url)
+    assert main(["run", "--no-persist", "--model", "served", "hi"]) == 0
+    assert "authorization" not in fake.headers[0]
+    assert fake.requests[0]["model"] == "served"
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (
+        f"agentloop: warning: OPENAI_BASE_URL is set without OPENAI_API_KEY: calling {fake.url}"
+        " without an API key"
+    )
+    assert err[1].startswith("agentloop: openai/served (OPENAI_BASE_URL, no key), session run-")
+    assert main(["run", "--no-persist", "-q", "hi"]) == 0
+    assert "pass --model" in capsys.readouterr().err
+
+
+# --- exit codes and usage -----------------------------------------------------------------
+
+
+def test_usage_errors_are_one_line_and_a_hint(env: dict[str, str]) -> None:
+    for argv in (["run"], ["chat", "--bogus"], ["run", "--max-tokens", "0", "hi"], ["nope"]):
+        done = cli(*argv, env=env)
+        assert done.returncode == 2, done.stderr
+        error, hint = done.stderr.splitlines()
+        assert error.startswith("agentloop: error: "), done.stderr
+        assert hint.startswith("hint: agentloop") and hint.endswith("--help shows the options")
+    done = cli("run", "--no-persist", "--resume", "x", "hi", env=env)
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[0] == (
+        "agentloop: error: --resume needs the session store; drop --no-persist"
+    )
+
+
+def test_version(env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    import agentloop
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"agentloop {agentloop.__version__}\n"
+
+
+def test_a_missing_key_is_a_configuration_error(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["run", "--provider", "anthropic", "--no-persist", "hi"]) == 2
+    assert "ANTHROPIC_API_KEY" in one_error_line(capsys.readouterr().err)
+
+
+def test_an_unwritable_store_is_a_configuration_error(
+    tmp_path: Path, config: Path, fake: FakeOpenAI, env: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    db = str(blocker / "sessions.db")
+    assert main(["run", "--config", str(config), "--db", db, "hi"]) == 2
+    one_error_line(capsys.readouterr().err)
+    assert fake.requests == []
+
+
+@pytest.mark.slow
+def test_chat_exits_1_when_its_last_turn_failed(
+    tmp_path: Path, config: Path, fake: FakeOpenAI, env: dict[str, str]
+) -> None:
+    fake.replies += [Reply(chunks=["One."]), Reply(status=400, error="no good")]
+    done = cli("chat", "--config", str(config), "--no-persist", env=env, stdin="a\nb\n")
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == "One.\n"
+    assert "agentloop: error: no good (HTTP 400, auth)" in done.stderr
+    fake.replies += [Reply(status=400, error="no good"), Reply(chunks=["Fine."])]
+    done = cli("chat", "--config", str(config), "--no-persist", env=env, stdin="a\nb\n")
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.slow
+def test_sessions_show_into_a_closed_pipe_exits_quietly(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    db = tmp_path / "s.db"
+    # Far more than a pipe holds, so the writer is still writing when head has gone.
+    _store_a_session(db, messages=20_000)
+    shell = f"{sys.executable} -m agentloop sessions show s1 --db {db} | head -n 1; "
+    shell += "echo \"${PIPESTATUS[0]}\" >&2"
+    done = subprocess.run(
+        ["bash", "-c", shell], capture_output=True, text=True, timeout=60, env=env,
+    )
+    assert done.stdout == "session s1 (cwd /work)\n"
+    assert done.stderr == "0\n"
+
+
+def test_a_broken_pipe_is_quiet_and_exit_0(
+    tmp_path: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    db = tmp_path / "s.db"
+    _store_a_session(db)
+    read_fd, write_fd = os.pipe()
+    os.close(read_fd)
+    with open(write_fd, "w", buffering=1) as closed:
+        monkeypatch.setattr(sys, "stdout", closed)
+        assert main(["sessions", "show", "s1", "--db", str(db)]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_sessions_honour_config(
+    tmp_path: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "configured.db"
+    _store_a_session(db)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[persistence]\nbackend = "sqlite"\npath = "{db}"\n')
+    assert main(["sessions", "list", "--config", str(cfg)]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[:2] == ["s1", "1"]
+    assert main(["sessions", "show", "s1", "--config", str(cfg)]) == 0
+    assert "user: hello" in capsys.readouterr().out
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[persistence]\nbackend = 'floppy'\n")
+    assert main(["sessions", "list", "--config", str(bad)]) == 2
+
+
+# --- approvals ----------------------------------------------------------------------------
+
+ASK_PLUGIN = """
+import agentloop
+from agentloop import events
+
+
+async def plugin(ctx, *, task_status=None):
+    @ctx.tools.tool()
+    async def wipe(path: str) -> str:
+        \"\"\"Delete a path.
+
+        Args:
+            path: what to delete.
+        \"\"\"
+        return f"wiped {path}"
+
+    ctx.events.on(events.ToolPreExecute, lambda e: agentloop.Ask("really wipe?"))
+    if task_status is not None:
+        task_status.started()
+"""
+
+
+@pytest.fixture
+def ask_config(tmp_path: Path, fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "agentloop_clitest_ask.py").write_text(ASK_PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "ask.toml"
+    path.write_text(
+        'plugins = ["clitest_ask"]\n'
+        f'[providers.fake]\nkind = "openai"\nbase_url = "{fake.url}"\nmodel = "fake-model"\n'
+    )
+    return path
+
+
+def test_run_refuses_approvals_with_a_clear_message(
+    ask_config: Path, fake: FakeOpenAI, env: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fake.replies += [Reply(chunks=["Wiping."], tool=("wipe", {"path": "/tmp/x"})),
+                     Reply(chunks=["Not allowed."])]
+    assert main(["run", "--config", str(ask_config), "--no-persist", "wipe it"]) == 0
+    captured = capsys.readouterr()
+    assert '[approval] wipe {"path":"/tmp/x"} (really wipe?)' in captured.err
+    assert "DENIED" in json.dumps(fake.requests[1]["messages"][-1]) or (
+        "cannot ask for approval" in fake.requests[1]["messages"][-1]["content"]
+    )
+    assert "agentloop chat" in fake.requests[1]["messages"][-1]["content"]
+    assert captured.out == "Wiping.\nNot allowed.\n"
+
+
+@pytest.mark.slow
+def test_chat_asks_approvals_as_y_or_n(
+    tmp_path: Path, ask_config: Path, fake: FakeOpenAI, env: dict[str, str]
+) -> None:
+    fake.replies += [Reply(chunks=["Wiping."], tool=("wipe", {"path": "/a"})),
+                     Reply(chunks=["Done."]),
+                     Reply(chunks=["Again."], tool=("wipe", {"path": "/b"})),
+                     Reply(chunks=["Refused."])]
+    run_env = {**env, "PYTHONPATH": f"{tmp_path}{os.pathsep}{env.get('PYTHONPATH', '')}"}
+    done = cli("chat", "--config", str(ask_config), "--no-persist", env=run_env,
+               stdin="wipe a\ny\nwipe b\nn\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("approve wipe? [y/n] ") == 2
+    assert fake.requests[1]["messages"][-1]["content"] == "wiped /a"
+    assert "denied at the terminal" in fake.requests[3]["messages"][-1]["content"]
+
+
+def test_reasoning_goes_to_stderr_undimmed_when_it_is_not_a_terminal(
+    config: Path, fake: FakeOpenAI, env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake.replies.append(Reply(chunks=["Blue."], reasoning=["Light ", "scatters."]))
+    assert main(["run", "--config", str(config), "--no-persist", "-q", "why?"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "Blue.\n"
+    assert captured.err == "Light scatters.\n"

@@ -1,15 +1,20 @@
 """The local model plugin against the real llama.cpp server and the packaged Gemma 3 270M.
 
 Starting the server costs a few seconds, so one runtime serves every check of the main test.
-Nothing here assumes the model says anything sensible, or ever calls a tool.
+Nothing here assumes the model says anything sensible, or ever calls a tool; one test registers
+a tool all the same, since the packaged template cannot render tools and must not fail on them.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
+import attrs
 import httpx
 import pytest
 import trio
@@ -164,3 +169,97 @@ async def test_an_invalid_table_fails_the_runtime_start(table: object, message: 
         async with agentloop.open_runtime({"plugins": ["local"], "local": table}):
             pass
     assert message in str(info.value)
+
+
+async def test_with_a_tool_registered_turns_succeed_and_the_tools_are_withheld_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="agentloop_local")
+    # A guard against a hang, generous for a machine shared with other test runs.
+    with trio.fail_after(300):
+        async with agentloop.open_runtime(plugins=[local()]) as rt:
+
+            @rt.tools.tool()
+            async def add(a: int, b: int) -> int:
+                """Add two integers.
+
+                Args:
+                    a: the first.
+                    b: the second.
+                """
+                return a + b
+
+            options = _options(24)
+            async with await rt.agents.create(session_id="tools", agent_options=options) as h:
+                for prompt in ("What is 2 + 3?", "And 4 + 5?"):
+                    result = await h.agent.ask(prompt)
+                    assert result.reason in ("completed", "max-tokens"), result
+                    # The turn markers are stop strings: no template leftovers in the answer.
+                    assert "<start_of_turn>" not in result.text
+                    assert "<end_of_turn>" not in result.text
+    warnings = [r for r in caplog.records if r.name == "agentloop_local"]
+    assert len(warnings) == 1
+    assert "cannot render tools" in warnings[0].getMessage()
+    assert "(add)" in warnings[0].getMessage()
+
+
+def test_the_adapter_drops_tools_and_adds_the_turn_markers_as_stops() -> None:
+    from agentloop.llm import LLMRequest, OpenAIChatAdapter
+
+    adapter = agentloop_local.LocalAdapter(OpenAIChatAdapter("http://127.0.0.1:9/v1"))
+    spec = agentloop.ToolSpec("add", "Add.", agentloop.FrozenDict(type="object"))
+    request = LLMRequest(
+        system="", messages=(), tools=(spec,), config=agentloop.CallConfig(model="m")
+    )
+    prepared = adapter.prepare(request)
+    assert prepared.tools == ()
+    assert list(prepared.config.extra["stop"]) == ["<end_of_turn>", "<start_of_turn>"]
+    assert adapter.tools_withheld
+    # A stop list of the caller's own is kept.
+    own = attrs.evolve(request, config=agentloop.CallConfig(model="m", extra={"stop": ["X"]}))
+    assert list(adapter.prepare(own).config.extra["stop"]) == ["X"]
+
+
+def test_agentloop_run_says_what_it_starts_and_what_serves_it(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENAI_API_KEY", "DEEPSEEK_API_KEY", "ANTHROPIC_API_KEY",
+                        "OPENAI_BASE_URL", "DEEPSEEK_BASE_URL", "ANTHROPIC_BASE_URL")}
+    env["XDG_DATA_HOME"] = str(tmp_path / "data")
+    done = subprocess.run(
+        [sys.executable, "-m", "agentloop", "run", "--max-tokens", "8", "--session", "l1",
+         "Say hi."],
+        capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith("agentloop: ") and "the local model" in lines[0]
+    assert lines[1] == f"agentloop: local/{MODEL_NAME} (the packaged local model), session l1"
+    assert lines[-1] == "session: l1"
+    refused = subprocess.run(
+        [sys.executable, "-m", "agentloop", "run", "--model", "gpt-4o", "--no-persist", "hi"],
+        capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL,
+    )
+    assert refused.returncode == 2
+    assert "--model gpt-4o names no provider" in refused.stderr
+
+
+async def test_a_reply_llama_cpp_cannot_parse_is_not_worth_a_retry() -> None:
+    import agentloop_retry
+
+    from agentloop.llm import LLMRequest, OpenAIChatAdapter, ProviderError
+
+    class Unparseable(OpenAIChatAdapter):
+        async def stream(self, request: LLMRequest):  # type: ignore[override]
+            raise ProviderError(
+                "The model produced output that does not match the expected peg-native format",
+                code="server_error",
+            )
+            yield  # an async generator, like the real adapter
+
+    adapter = agentloop_local.LocalAdapter(Unparseable("http://127.0.0.1:9/v1"))
+    request = LLMRequest(system="", messages=(), tools=(), config=agentloop.CallConfig(model="m"))
+    with pytest.raises(ProviderError) as info:
+        async for _ in adapter.stream(request):
+            pass
+    assert info.value.code == "malformed_stream"
+    assert not agentloop_retry.is_retryable(info.value)

@@ -475,6 +475,14 @@ def test_retry_overrides_fields_of_a_given_policy() -> None:
         (ProviderError("", code="malformed_stream"), False),
         (ProviderError("", code="invalid_stream"), False),
         (ProviderError("", code="script_exhausted"), False),
+        (ProviderError("", code="server_error"), True),
+        (
+            ProviderError(
+                "The model produced output that does not match the expected peg-native format",
+                code="server_error",
+            ),
+            False,
+        ),
         (ProviderError(""), False),
     ],
     ids=repr,

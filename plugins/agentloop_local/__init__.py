@@ -10,13 +10,18 @@ options in a ``[local]`` table), then create agents with
 
 The packaged model is a tiny *base* model: it proves the pipeline end to end (streaming,
 cancellation, usage, max-tokens), not intelligence. Its GGUF has no chat template, so a simple
-Gemma-style one is supplied; it does not render tool definitions, so the model never sees tools.
+Gemma-style one is supplied. That template cannot render tool definitions, and a request that
+carries tools makes llama.cpp parse the reply as tool calls, which a base model never writes
+(every turn would fail); so tool definitions are not sent to it, and that is logged once, as a
+warning on the ``agentloop_local`` logger. Gemma's turn markers are stop strings, so a reply
+ends where the model starts a new turn instead of running on to ``max_tokens``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import logging
 import os
 import signal
 import socket
@@ -31,14 +36,22 @@ import attrs
 import httpx
 import trio
 
-from agentloop import AgentLoopError, ConfigError, Context, Plugin
-from agentloop.llm import AdapterDefaults, OpenAIChatAdapter
+from agentloop import AgentLoopError, CallConfig, ConfigError, Context, Plugin
+from agentloop.llm import (
+    AdapterDefaults,
+    LLMRequest,
+    ModelAdapter,
+    OpenAIChatAdapter,
+    ProviderError,
+)
 
 __all__ = [
     "MODEL_NAME",
     "MODEL_FILE",
+    "LocalAdapter",
     "PROVIDER",
     "LocalModelError",
+    "STOP_STRINGS",
     "local",
     "plugin",
     "default_model_path",
@@ -52,6 +65,9 @@ PROVIDER: Final = "local"
 """The provider route the plugin registers."""
 MODEL_FILE: Final = "gemma-3-270m-q4_k_m.gguf"
 """The file name of the assembled model in the cache directory."""
+
+STOP_STRINGS: Final = ("<end_of_turn>", "<start_of_turn>")
+"""Gemma's turn markers: the model writing one means its turn is over."""
 
 READY_TIMEOUT: Final = 60.0
 STOP_GRACE: Final = 5.0
@@ -376,6 +392,60 @@ def _write_template(text: str) -> str:
     return path
 
 
+_log = logging.getLogger("agentloop_local")
+# What llama.cpp says when it parsed a reply as tool calls and could not: the same prompt
+# fails the same way on every attempt.
+_UNPARSEABLE = "does not match the expected"
+
+
+class LocalAdapter(ModelAdapter):
+    """The chat adapter for the packaged model: no tool definitions, turn markers as stops."""
+
+    def __init__(self, inner: OpenAIChatAdapter, *, context_tokens: int | None = None) -> None:
+        self.inner = inner
+        self.defaults = inner.defaults
+        self.base_url = inner.base_url
+        self.tools_withheld = False
+        # The server's real context window: the compact plugin budgets with it.
+        self.context_tokens = context_tokens
+
+    def __repr__(self) -> str:
+        return f"LocalAdapter({self.base_url!r})"
+
+    def validate(self, config: CallConfig) -> None:
+        self.inner.validate(config)
+
+    def prepare(self, request: LLMRequest) -> LLMRequest:
+        """``request`` as the server can serve it (its tools dropped, stop strings added)."""
+        if request.tools and not self.tools_withheld:
+            self.tools_withheld = True
+            names = ", ".join(spec.name for spec in request.tools)
+            _log.warning(
+                "the local model's chat template cannot render tools; not sending them "
+                "(%s) to it", names,
+            )
+        extra: dict[str, object] = dict(request.config.extra)
+        extra.setdefault("stop", list(STOP_STRINGS))
+        config = attrs.evolve(request.config, extra=extra)
+        return attrs.evolve(request, tools=(), config=config)
+
+    async def stream(self, request: LLMRequest) -> AsyncIterator[Any]:
+        parts = self.inner.stream(self.prepare(request))
+        try:
+            async for part in parts:
+                yield part
+        except ProviderError as exc:
+            if _UNPARSEABLE not in str(exc):
+                raise
+            raise ProviderError(str(exc), status=exc.status, code="malformed_stream") from exc
+        finally:
+            aclose = getattr(parts, "aclose", None)
+            if aclose is not None:
+                # Closing releases the HTTP stream, so it runs even when the turn is cancelled.
+                with trio.move_on_after(5, shield=True):
+                    await aclose()
+
+
 class _Server:
     """A ready server process, as seen from the plugin's scope."""
 
@@ -388,7 +458,7 @@ class _Server:
         """Register provider ``local`` in ``ctx`` (undone when the scope closes)."""
         defaults = AdapterDefaults(max_tokens=self._options.max_tokens)
         adapter = OpenAIChatAdapter(self._child.base_url, client=self._client, defaults=defaults)
-        ctx.llm.register(PROVIDER, adapter)
+        ctx.llm.register(PROVIDER, LocalAdapter(adapter, context_tokens=self._options.n_ctx))
 
     async def watch(self) -> NoReturn:
         """Wait for the process to exit (it should not), then fail with its last words."""

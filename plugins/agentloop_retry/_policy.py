@@ -42,6 +42,11 @@ _PERMANENT_CODES = frozenset(
 
 _RETRYABLE_4XX = frozenset({408, 409, 429})
 
+# llama.cpp's server reports a reply it could not parse (tool calls a model without a tool
+# template wrote as plain text) as a generic ``server_error``; the same prompt fails the same
+# way on every attempt.
+_UNPARSEABLE_OUTPUT = "does not match the expected"
+
 
 def is_retryable(error: ProviderError) -> bool:
     """Whether ``error`` is a transient failure worth making the same call again for.
@@ -54,9 +59,10 @@ def is_retryable(error: ProviderError) -> bool:
 
     Not retryable: every other 4xx, a missing adapter or invalid call configuration
     (``NO_ADAPTER``, ``INVALID_CONFIG``), output that does not parse (``malformed_stream``,
-    ``invalid_stream``) and an exhausted quota (``insufficient_quota``, sent with a 429).
+    ``invalid_stream``), an exhausted quota (``insufficient_quota``, sent with a 429) and
+    llama.cpp's "output that does not match the expected format" (sent as ``server_error``).
     """
-    if error.code in _PERMANENT_CODES:
+    if error.code in _PERMANENT_CODES or _UNPARSEABLE_OUTPUT in error.message:
         return False
     status = error.status
     if status is not None:

@@ -1,0 +1,218 @@
+"""``agentloop chat`` in a real terminal: a pseudo-terminal, keys typed as a person types them.
+
+The chat runs as a child process on the slave side of a pty (Python's ``pty`` module, always
+there), so readline, Ctrl-C (the terminal's interrupt character, turned into SIGINT by the line
+discipline) and Ctrl-D (end of input) behave as at a keyboard. The model is the fake
+OpenAI-compatible server of ``test_cli``, on a loopback thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import os
+import pty
+import select
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_cli import FakeOpenAI, Reply, _handler
+
+pytestmark = pytest.mark.slow
+
+UP, LEFT = "\x1b[A", "\x1b[D"
+CTRL_C, CTRL_D = "\x03", "\x04"
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeOpenAI]:
+    state = FakeOpenAI()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    server.daemon_threads = True
+    state.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        for reply in state.replies:
+            if reply.gate is not None:
+                reply.gate.set()
+        server.shutdown()
+        server.server_close()
+
+
+class Terminal:
+    """A child process on a pty: type into it, wait for what it shows."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        pid, fd = pty.fork()
+        if pid == 0:  # the child: the pty is its controlling terminal
+            try:
+                os.execve(argv[0], argv, env)
+            finally:
+                os._exit(127)
+        self.pid = pid
+        self.fd = fd
+        self.screen = ""
+        self.mark = 0
+        self.status: int | None = None
+
+    def type(self, keys: str) -> float:
+        os.write(self.fd, keys.encode())
+        return time.monotonic()
+
+    def expect(self, needle: str, timeout: float = 30.0) -> str:
+        """Wait until ``needle`` shows after the last match; the text up to it."""
+        deadline = time.monotonic() + timeout
+        while needle not in self.screen[self.mark:]:
+            left = deadline - time.monotonic()
+            rest = self.screen[self.mark:]
+            assert left > 0, f"{needle!r} never showed; after the last match: {rest!r}"
+            ready, _, _ = select.select([self.fd], [], [], left)
+            if ready:
+                try:
+                    chunk = os.read(self.fd, 4096)
+                except OSError:  # EIO: the child has gone
+                    chunk = b""
+                assert chunk, f"the chat exited before {needle!r}: {self.screen[self.mark:]!r}"
+                self.screen += chunk.decode("utf-8", "replace")
+        end = self.screen.index(needle, self.mark) + len(needle)
+        seen, self.mark = self.screen[self.mark:end], end
+        return seen
+
+    def wait(self, timeout: float = 30.0) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.fd], [], [], 0.05)
+            if ready:
+                with contextlib.suppress(OSError):  # EIO: the child has gone
+                    self.screen += os.read(self.fd, 4096).decode("utf-8", "replace")
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.status = os.waitstatus_to_exitcode(status)
+                return self.status
+        raise AssertionError(f"the chat did not exit: {self.screen[self.mark:]!r}")
+
+    def close(self) -> None:
+        if self.status is None:
+            with_kill = True
+            try:
+                os.kill(self.pid, 9)
+            except ProcessLookupError:
+                with_kill = False
+            if with_kill:
+                os.waitpid(self.pid, 0)
+        os.close(self.fd)
+
+
+@pytest.fixture
+def terminal_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENAI_API_KEY", "DEEPSEEK_API_KEY", "ANTHROPIC_API_KEY",
+                        "OPENAI_BASE_URL", "NO_COLOR")}
+    env.update(XDG_DATA_HOME=str(tmp_path / "data"), XDG_CACHE_HOME=str(tmp_path / "cache"),
+               TERM="xterm", PYTHONUNBUFFERED="1")
+    return env
+
+
+def _chat(tmp_path: Path, fake: FakeOpenAI, env: dict[str, str], *extra: str) -> Terminal:
+    config = tmp_path / "agentloop.toml"
+    config.write_text(
+        f'[providers.fake]\nkind = "openai"\nbase_url = "{fake.url}"\nmodel = "fake-model"\n'
+    )
+    store = [] if "--no-persist" in extra else ["--db", str(tmp_path / "s.db")]
+    argv = [sys.executable, "-m", "agentloop", "chat", "--config", str(config), *store, *extra]
+    return Terminal(argv, env)
+
+
+def test_a_person_chats_edits_steers_interrupts_switches_model_and_quits(
+    tmp_path: Path, fake: FakeOpenAI, terminal_env: dict[str, str]
+) -> None:
+    steer_gate, cancel_gate = threading.Event(), threading.Event()
+    fake.replies += [Reply(gate=steer_gate), Reply(chunks=["Noted."]),
+                     Reply(chunks=["Counting", " on"], gate=cancel_gate)]
+    term = _chat(tmp_path, fake, terminal_env, "--session", "talk")
+    try:
+        term.expect("fake/fake-model (from the config), session talk")
+        term.expect("> ")
+        # Line editing: the cursor moves left and a letter is inserted mid-line.
+        term.type("wrld" + LEFT * 3 + "o\r")
+        term.expect("Hello")  # streamed: the rest of the reply is held back by the gate
+        term.type("use metric\r")
+        term.expect("[steering the running turn]")
+        steer_gate.set()
+        term.expect(" from the fake model.")
+        term.expect("turn 1")  # the status line: route, session, turn, tokens
+        term.expect("tokens]")
+        term.expect("> ")
+        assert fake.requests[0]["messages"][-1]["content"] == "world"
+        assert any(m["content"] == "use metric" for m in fake.requests[1]["messages"])
+
+        # History: Up recalls the last line; Ctrl-C cancels the running turn, keeps the text.
+        term.type("count\r")
+        term.expect("Counting")
+        term.type(CTRL_C)
+        term.expect("[interrupted; what was shown is kept]")
+        term.expect("> ")
+        cancel_gate.set()
+
+        term.type("/sessions\r")
+        term.expect("talk  ")
+        term.expect("> ")
+        term.type("/model other-model\r")
+        term.expect("fake/other-model (from the config), session talk")
+        term.expect("> ")
+        term.type(UP * 3 + "\r")  # /model, /sessions, count
+        term.expect("Hello from the fake model.")
+        assert fake.requests[-1]["model"] == "other-model"
+        assert fake.requests[-1]["messages"][-1]["content"] == "count"
+        term.expect("> ")
+        term.type(CTRL_D)
+        assert term.wait() == 0
+        assert "session: talk" in term.screen
+        assert "Traceback" not in term.screen
+    finally:
+        steer_gate.set()
+        cancel_gate.set()
+        term.close()
+
+
+def test_ctrl_c_at_the_prompt_keeps_the_chat_and_input_is_answered_quickly(
+    tmp_path: Path, fake: FakeOpenAI, terminal_env: dict[str, str]
+) -> None:
+    fake.replies += [Reply(chunks=["Blue."], reasoning=["Light scatters."]),
+                     Reply(chunks=["Still blue."], reasoning=["Hidden thought."])]
+    term = _chat(tmp_path, fake, terminal_env, "--no-persist")
+    try:
+        term.expect("(not stored)")
+        term.expect("> ")
+        term.type("why?\r")
+        # Reasoning is dimmed on a terminal, and collapsible.
+        term.expect("\x1b[2mLight scatters.\x1b[0m")
+        term.expect("Blue.")
+        term.expect("> ")
+        term.type("/reasoning\r")
+        term.expect("[reasoning hidden]")
+        term.type("again\r")
+        term.expect("[reasoning hidden, 15 characters]")
+        term.expect("Still blue.")
+        term.expect("> ")
+        term.type(CTRL_C)
+        term.expect("(Ctrl-D quits)")
+        term.expect("> ")
+        # Input latency: a key typed reaches the screen (readline's echo) promptly.
+        sent = term.type("x")
+        term.expect("x")
+        latency = time.monotonic() - sent
+        print(f"input echo latency: {latency * 1000:.1f} ms")
+        assert latency < 2.0, latency
+        term.type("\b/quit\r")
+        assert term.wait() == 0
+        assert "Hidden thought" not in term.screen
+    finally:
+        term.close()
