@@ -227,6 +227,12 @@ async def open_runtime(
     """
     cfg = load_config(config)
     specs = [*cfg.plugins, *plugins]
+    if os.environ.get("AGENTLOOP_INVARIANTS") and not any(
+        s in ("invariants", "agentloop_invariants") for s in specs if isinstance(s, str)
+    ):
+        # Every runtime of the process checks its requests against the log (CI runs the
+        # suite once this way).
+        specs.append("invariants")
     if cfg.persistence is not None:
         backend = cfg.persistence.backend
         if not any(s in (backend, f"agentloop_{backend}") for s in specs if isinstance(s, str)):

@@ -14,7 +14,7 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 import shutil
 import subprocess
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -91,3 +91,18 @@ def read_only_prefix(kind: str, directory: Path) -> list[str]:
     if tool is None or subprocess.run([*prefix, "true"], capture_output=True).returncode:
         pytest.skip(why)
     return prefix
+
+
+@pytest.fixture(autouse=True)
+def _no_invariant_violations() -> Iterator[None]:
+    """With AGENTLOOP_INVARIANTS set, every runtime runs the invariant companion, and any
+    request that the log does not explain fails the test that sent it."""
+    if not os.environ.get("AGENTLOOP_INVARIANTS"):
+        yield
+        return
+    import agentloop_invariants
+
+    before = len(agentloop_invariants.SEEN)
+    yield
+    found = agentloop_invariants.SEEN[before:]
+    assert not found, f"the invariant companion found mismatches: {found}"

@@ -4,6 +4,7 @@ cache prefixes, usage accounting and the turn-stopping points."""
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -461,7 +462,8 @@ async def test_the_companion_explains_every_request_from_the_log(
     rt: agentloop.Context, model: ScriptedModel
 ) -> None:
     checker = agentloop_invariants.install(rt)
-    assert rt.invariants is checker and rt.child("elsewhere").invariants is checker
+    if not os.environ.get("AGENTLOOP_INVARIANTS"):  # else the run's own companion is it
+        assert rt.invariants is checker and rt.child("elsewhere").invariants is checker
     register_add(rt)
     model.add(
         reply("adding", tool_calls=[("add", {"a": 1, "b": 2}, "c1")]), reply("3"),
@@ -507,6 +509,9 @@ async def test_the_companion_reports_a_request_the_log_does_not_explain(
     assert violation.seq == of_type(agent, "request/header")[-1].seq
     assert "message #2" in violation.diff and "forged" in violation.diff
     assert checker.violations == [violation]
+    # Forged on purpose: not a failure of the run the suite may be making with the companion.
+    for found in checker.violations:
+        agentloop_invariants.SEEN.remove(found)
     assert any("differs from the log" in r.getMessage() for r in caplog.records)
 
 
@@ -514,5 +519,6 @@ async def test_the_invariants_plugin_is_reachable_as_ctx_invariants() -> None:
     async with agentloop.open_runtime({"plugins": ["invariants"]}) as rt:
         assert rt.invariants is not None
         assert rt.invariants.violations == []
-    async with agentloop.open_runtime() as rt:
-        assert rt.invariants is None
+    if not os.environ.get("AGENTLOOP_INVARIANTS"):
+        async with agentloop.open_runtime() as rt:
+            assert rt.invariants is None

@@ -102,14 +102,18 @@ class Companion:
     def on_event(self, event: SessionEventAppended) -> None:
         fold = self._folds.get(event.session_id)
         if fold is None:
-            fold = self._folds[event.session_id] = _Fold()
             if event.event.seq > 1:
-                # A resumed session: its stored log was loaded without being announced.
+                # A resumed session: its stored log was loaded without being announced. Its
+                # crash recovery appends before it is published; the fold is built from the
+                # whole log at the first event after publication.
                 session = self.ctx.sessions.get(event.session_id)
-                for earlier in (session.events if session is not None else ())[
-                    : event.event.seq - 1
-                ]:
+                if session is None:
+                    return
+                fold = self._folds[event.session_id] = _Fold()
+                for earlier in session.events[: event.event.seq - 1]:
                     fold.apply(earlier)
+            else:
+                fold = self._folds[event.session_id] = _Fold()
         fold.apply(event.event)
 
     def on_stream(self, event: LlmStream) -> None:
@@ -124,6 +128,7 @@ class Companion:
             diff = "; ".join(problems)
             violation = InvariantViolated(event.agent_id, fold.header_seq, diff)
             self.violations.append(violation)
+            SEEN.append(violation)
             log.error("agent %s: the request of seq %d differs from the log: %s",
                       event.agent_id, fold.header_seq, diff)
             self.ctx.events.emit_nowait(violation)
@@ -164,13 +169,17 @@ class Companion:
 
 _COMPANIONS: dict[int, Companion] = {}
 
+SEEN: list[InvariantViolated] = []
+"""Every violation any companion of this process found (a test run checks it stays empty)."""
+
 
 def install(ctx: Context) -> Companion:
     """Start checking every request on ``ctx`` (undone with its scope)."""
     found = Companion(ctx)
     ctx.events.on(SessionEventAppended, found.on_event)
     ctx.events.on(LlmStream, found.on_stream, priority=1_000_000)
-    ctx.provide("invariants", found)
+    if ctx.invariants is None:
+        ctx.provide("invariants", found)
     _COMPANIONS[id(ctx)] = found
     return found
 
