@@ -1082,7 +1082,23 @@ def transcript(events: Sequence[SessionEvent]) -> Iterator[str]:
                 detail = f": {describe_error(data.get('error'))}"
             elif data.get("cause"):
                 detail = f" ({data['cause']})"
-            yield f"--- turn {e.turn} ended: {data.get('reason')}{detail} ---"
+            yield f"--- turn {e.turn} ended: {data.get('reason')}{detail}{_usage_note(data)} ---"
+
+
+_USAGE_LABELS: Final = (
+    ("input_tokens", "in"), ("output_tokens", "out"), ("cache_read_tokens", "cache read"),
+    ("cache_write_tokens", "cache write"), ("reasoning_tokens", "reasoning"),
+)
+
+
+def _usage_note(data: Mapping[str, object]) -> str:
+    """``, tokens: in 12, out 3`` from a ``turn/end``'s usage, or nothing."""
+    usage = data.get("usage")
+    if not isinstance(usage, Mapping):
+        return ""
+    parts = [f"{label} {usage[key]}" for key, label in _USAGE_LABELS
+             if isinstance(usage.get(key), int)]
+    return f", tokens: {', '.join(parts)}" if parts else ""
 
 
 async def _sessions_show(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -1100,6 +1116,16 @@ async def _sessions_show(args: argparse.Namespace, out: TextIO, err: TextIO) -> 
     out.write(f"session {stored.id}" + (f" (cwd {cwd})" if cwd else "") + "\n")
     for line in transcript(stored.events):
         out.write(line + "\n")
+    total: dict[str, int] = {}
+    for e in stored.events:
+        usage = e.data.get("usage") if e.type == "turn/end" else None
+        if isinstance(usage, Mapping):
+            for key, value in usage.items():
+                if isinstance(value, int) and not isinstance(value, bool):
+                    total[key] = total.get(key, 0) + value
+    note = _usage_note({"usage": total})
+    if note:
+        out.write(f"session total{note}\n")
     return EXIT_OK
 
 

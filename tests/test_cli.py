@@ -192,7 +192,8 @@ def test_run_streams_persists_and_sessions_read_it_back(
     assert shown.returncode == 0, shown.stderr
     assert "user: hello" in shown.stdout
     assert "assistant (fake/fake-model): Hello from the fake model." in shown.stdout
-    assert "--- turn 1 ended: completed ---" in shown.stdout
+    assert "--- turn 1 ended: completed, tokens: in 5, out 5 ---" in shown.stdout
+    assert "session total, tokens: in 5, out 5" in shown.stdout
 
     raw = cli("sessions", "show", "s1", "--json", "--db", db, env=env)
     assert raw.returncode == 0, raw.stderr
@@ -787,3 +788,20 @@ def test_reasoning_goes_to_stderr_undimmed_when_it_is_not_a_terminal(
     captured = capsys.readouterr()
     assert captured.out == "Blue.\n"
     assert captured.err == "Light scatters.\n"
+
+
+def test_sessions_show_prints_each_turns_usage_and_the_session_total() -> None:
+    from agentloop import FrozenDict, SessionEvent
+    from agentloop._cli import transcript
+
+    events = [
+        SessionEvent(1, "turn/start", 1, FrozenDict(turn=1)),
+        SessionEvent(2, "turn/end", 1, FrozenDict(
+            turn=1, reason="completed",
+            usage=FrozenDict(input_tokens=12, output_tokens=3, cache_read_tokens=8))),
+        SessionEvent(3, "turn/start", 2, FrozenDict(turn=2)),
+        SessionEvent(4, "turn/end", 2, FrozenDict(turn=2, reason="completed")),
+    ]
+    lines = list(transcript(events))
+    assert lines[1] == "--- turn 1 ended: completed, tokens: in 12, out 3, cache read 8 ---"
+    assert lines[3] == "--- turn 2 ended: completed ---"
