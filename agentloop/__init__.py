@@ -21,7 +21,7 @@ Layering (``tests/test_layering.py`` enforces it; a module imports its own layer
     supervisor  _agents _subagents       the supervisor actor, creation, handles; sub-agents, jobs
     driver      _agent                   the agent actor: inbox, run controls, turns
     parts       _inbox _reply _run _scheduler   input; one reply; run handles; tools
-    services    _session _llm _tools _settings _persistence _config
+    services    _session _llm _tools _settings _persistence _config _output
     bus         _bus _schema
     values      _log _events _model _json _errors _http _util
     llm/        the adapters, over values only; plugins/ use the public modules only

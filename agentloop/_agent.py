@@ -11,6 +11,7 @@ a later prompt.
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 import math
 import uuid
@@ -50,11 +51,21 @@ from ._model import (
     Message,
     MessageId,
     PendingApproval,
+    ToolCall,
+    ToolResult,
     ToolSpec,
 )
+from ._output import FINAL_RESULT, OutputSpec, Verdict, correction
+from ._output import check as check_output
 from ._reply import StepOutcome, fold_stream
 from ._run import RunControls
-from ._scheduler import Answer, close_unanswered, run_suspended_calls, run_tool_calls
+from ._scheduler import (
+    Answer,
+    close_unanswered,
+    result_data,
+    run_suspended_calls,
+    run_tool_calls,
+)
 from ._session import Session
 from ._settings import APPROVAL_TIMEOUT
 from ._util import NoPublicConstructor
@@ -142,6 +153,8 @@ class _Turn:
     started: float = 0.0
     steps: int = 0
     tool_calls: int = 0
+    output: OutputSpec | None = None  # the structured output the claimed message asks for
+    output_failures: int = 0
 
 
 @final
@@ -154,7 +167,8 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
 
     __slots__ = (
         "_announced", "_answers", "_attached", "_blocked", "_cancel_cause", "_disposing",
-        "_idle", "_inbox", "_lease", "_needs_lease", "_nursery", "_parked_run", "_parked_since",
+        "_idle", "_inbox", "_lease", "_needs_lease", "_nursery", "_outputs", "_parked_run",
+        "_parked_since",
         "_proposal", "_published", "_quiescent", "_rt", "_sent", "_specs", "_specs_version",
         "_status",
         "_teardown_requested", "_turn_scope", "_wake_flag", "ctx", "cwd", "id", "options",
@@ -212,6 +226,9 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         self._parked_run: _Run | None = None
         self._parked_since: dict[str, float] = {}
         self._blocked = False
+        # The output spec of each pending run's message (set as the run queues it), taken
+        # by the turn that claims that message: the driver learns a run's output type there.
+        self._outputs: dict[str, OutputSpec] = {}
 
     def __repr__(self) -> str:
         return f"<Agent {self.id!r} {self._status}>"
@@ -594,6 +611,11 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         self.session.append(_log.TURN_START, _log.turn_start(turn.number), turn.number)
         # A resuming turn claims no prompt: queued input waits for the turn after it.
         claimed = () if resuming else self._claim(turn.number, boundary=True)
+        if self._outputs:
+            for m in claimed:
+                spec = self._outputs.pop(m.id, None)
+                if spec is not None:
+                    turn.output = spec
         try:
             with scope:
                 turn.reason = await self._run_turn(turn, claimed, resuming=resuming)
@@ -683,13 +705,38 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             turn.steps += 1
             if outcome.finish_reason == "max_tokens":
                 turn.max_tokens = True
-            if outcome.tool_calls:
-                await run_tool_calls(self, turn.number, outcome.tool_calls)
-                turn.tool_calls += len(outcome.tool_calls)
+            calls = outcome.tool_calls
+            verdict = outcome.verdict
+            correct = False
+            if turn.output is not None and verdict is not None:
+                calls = tuple(c for c in calls if c.name != FINAL_RESULT)
+                if verdict.valid:
+                    self._answer_final(turn.number, verdict, outcome.tool_calls, None)
+                    return "max-tokens" if turn.max_tokens else "completed"
+                # Invalid output, or a reply with neither output nor tool calls: corrected.
+                correct = verdict.found or not calls
+                if correct:
+                    turn.output_failures += 1
+                    if turn.output_failures > self.options.output_retries:
+                        self._answer_final(
+                            turn.number, verdict, outcome.tool_calls, correction(verdict)
+                        )
+                        raise ProviderError(
+                            f"the structured output is still invalid after "
+                            f"{self.options.output_retries} corrections: "
+                            + "; ".join(verdict.problems or ("no output was given",)),
+                            code="OUTPUT_INVALID",
+                        )
+                self._answer_final(turn.number, verdict, outcome.tool_calls, correction(verdict))
+                if correct and verdict.call is None:
+                    self._correct(turn.number, correction(verdict))
+            if calls:
+                await run_tool_calls(self, turn.number, calls)
+                turn.tool_calls += len(calls)
                 stop = await self._stopping_point(turn, step, "post-tools")
                 if stop is not None:
                     return stop
-            proceed = bool(outcome.tool_calls) or bool(self._inbox.waking)
+            proceed = bool(outcome.tool_calls) or correct or bool(self._inbox.waking)
             if bus.has_handlers(AgentTurnContinuation):
                 proceed = bool(
                     await bus.emit(AgentTurnContinuation(self.id, turn.number, step, proceed))
@@ -697,6 +744,35 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             if not proceed:
                 return "max-tokens" if turn.max_tokens else "completed"
             entering = self._claim(turn.number, boundary=False)
+
+    def _answer_final(
+        self, turn: int, verdict: Verdict, calls: tuple[ToolCall, ...], problem: str | None
+    ) -> None:
+        """Answer every ``final_result`` call of a step: the one judged gets ``problem``
+        (or success); extra ones are refused, so the next request stays well formed."""
+        for call in calls:
+            if call.name != FINAL_RESULT:
+                continue
+            if call is verdict.call and problem is None:
+                result = ToolResult("The answer was accepted.")
+            elif call is verdict.call:
+                assert problem is not None
+                result = ToolResult.error("OUTPUT_INVALID", problem)
+            else:
+                result = ToolResult.error("OUTPUT_INVALID", f"call {FINAL_RESULT} only once")
+            self.session.append(_log.TOOL_CALL, _log.tool_call(call), turn)
+            self.session.append(
+                _log.TOOL_RESULT, result_data(call, result), turn
+            )
+
+    def _correct(self, turn: int, text: str) -> None:
+        """Tell the model, as a steering message of this turn, what to fix in its output."""
+        mid = MessageId(f"msg_{uuid.uuid4().hex[:20]}")
+        self.session.append(
+            _log.STEERING_MESSAGE,
+            _log.claimed_message(mid, text, FrozenDict(kind="output-correction")),
+            turn,
+        )
 
     async def _stopping_point(
         self, turn: _Turn, step: int, point: Literal["pre-step", "post-tools"]
@@ -743,6 +819,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         bus = rt.bus
         config = self._proposal
         specs = self._visible_specs()
+        spec = turn.output
         template = rt.prompt.template_for(self.id, self.options.system_prompt)
         system = rt.prompt.render(
             template, provider=config.provider, model=config.model, cwd=self.cwd
@@ -793,17 +870,24 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                     turn.number,
                 )
                 self._sent[route] = messages
+                native = spec is not None and (
+                    prepared.registration is not None
+                    and prepared.registration.adapter.supports_json_schema
+                )
                 request = LLMRequest(
                     system=system,
                     messages=messages,
-                    tools=specs,
+                    tools=specs if spec is None or native else (*specs, spec.tool()),
                     config=effective,
                     session_id=self.id,
                     turn=turn.number,
                     step=step,
+                    output_schema=spec.schema if spec is not None and native else None,
+                    output_name=spec.name if spec is not None else "output",
                 )
                 stream = await prepared.open(request, agent_id=self.id)
-                outcome = await fold_stream(self.session, turn.number, step, stream)
+                judge = None if spec is None else functools.partial(check_output, spec, native)
+                outcome = await fold_stream(self.session, turn.number, step, stream, judge)
                 break
             except ProviderError as err:
                 failure = err

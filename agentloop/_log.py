@@ -102,6 +102,7 @@ class AssistantMessageData(TypedDict, total=False):
     usage: FrozenDict | None
     interrupted: bool
     renamed_tool_call_ids: tuple[FrozenDict, ...]
+    output: JSON
 
 
 class ToolCallData(TypedDict):
@@ -224,6 +225,7 @@ def assistant_message(
     interrupted: bool,
     renamed: tuple[FrozenDict, ...] = (),
     reasoning_blocks: tuple[FrozenDict, ...] = (),
+    output: JSON = None,
 ) -> FrozenDict:
     """The completion anchor: final, interrupted (cancel) and crash-recovered alike.
 
@@ -243,6 +245,9 @@ def assistant_message(
     )
     if reasoning_blocks:
         fields = FrozenDict(fields, reasoning_blocks=reasoning_blocks)
+    if output is not None:
+        # The run's validated structured output, kept here so that a resume rebuilds it.
+        fields = FrozenDict(fields, output=output)
     if renamed:
         return FrozenDict(fields, renamed_tool_call_ids=renamed)
     return fields

@@ -146,6 +146,11 @@ def _positive_int_or_none(_: object, attribute: attrs.Attribute[Any], value: obj
         raise ConfigError(f"{attribute.name}: must be a positive integer, got {value!r}")
 
 
+def _non_negative_int(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{attribute.name}: must be a non-negative integer, got {value!r}")
+
+
 @attrs.frozen(slots=True, kw_only=True)
 class AgentOptions:
     """Per-agent model options. Invalid values raise :class:`ConfigError` at construction."""
@@ -155,6 +160,8 @@ class AgentOptions:
     reasoning_effort: str | None = attrs.field(default=None, validator=_non_empty_str_or_none)
     max_tokens: int | None = attrs.field(default=None, validator=_positive_int_or_none)
     system_prompt: str | None = None
+    output_retries: int = attrs.field(default=2, validator=_non_negative_int)
+    """Corrections a turn sends back for invalid structured output before it fails."""
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -201,6 +208,10 @@ class LLMRequest:
     session_id: str = ""
     turn: int = 0
     step: int = 0
+    output_schema: FrozenDict | None = None
+    """The JSON schema the reply text must satisfy, set only for adapters that declare
+    ``supports_json_schema``; others get a ``final_result`` tool in ``tools`` instead."""
+    output_name: str = "output"
 
 
 @attrs.frozen(slots=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import attrs
@@ -22,6 +22,7 @@ from . import _log
 from ._errors import InvalidContent, ProviderError
 from ._json import FrozenDict, freeze, freeze_repaired, repair_text, text_problem
 from ._model import Finish, ReasoningDelta, StreamPart, TextDelta, ToolCall, ToolCallDelta
+from ._output import Verdict
 from ._session import Session
 
 __all__ = ["StepOutcome", "fold_stream"]
@@ -33,6 +34,7 @@ class StepOutcome:
     finish_reason: str
     text: str
     tool_calls: tuple[ToolCall, ...]
+    verdict: Verdict | None = None
 
 
 @attrs.define(slots=True, eq=False)
@@ -112,9 +114,14 @@ def _repaired(value: str | None) -> str | None:
 
 
 async def fold_stream(
-    session: Session, turn: int, step: int, stream: AsyncIterator[StreamPart]
+    session: Session, turn: int, step: int, stream: AsyncIterator[StreamPart],
+    judge: Callable[[str, tuple[ToolCall, ...]], Verdict] | None = None,
 ) -> StepOutcome:
-    """Log every part of ``stream`` for ``step`` of ``turn`` and anchor the reply."""
+    """Log every part of ``stream`` for ``step`` of ``turn`` and anchor the reply.
+
+    ``judge`` checks a structured-output turn's reply before it is anchored, so that a valid
+    output is recorded on the anchor itself.
+    """
     append = session.append
     text: list[str] = []
     signature: str | None = None
@@ -216,6 +223,8 @@ async def fold_stream(
     content = "".join(text)
     usage = freeze(dict(finish.usage)) if finish.usage else None
     assert usage is None or isinstance(usage, FrozenDict)
+    verdict = None if judge is None else judge(content, tool_calls)
+    output = freeze(verdict.value) if verdict is not None and verdict.valid else None
     append(
         _log.ASSISTANT_MESSAGE,
         _log.assistant_message(
@@ -223,10 +232,11 @@ async def fold_stream(
             reasoning_signature=signature, tool_calls=tool_calls,
             source_event_seqs=tuple(seqs), finish_reason=reason, usage=usage,
             interrupted=False, renamed=tuple(renamed), reasoning_blocks=_blocks_json(blocks),
+            output=output,
         ),
         turn,
     )
-    return StepOutcome(reason, content, tool_calls)
+    return StepOutcome(reason, content, tool_calls, verdict)
 
 
 def _unique_ids(

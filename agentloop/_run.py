@@ -25,6 +25,7 @@ from ._events import AgentDisposed as AgentGone
 from ._events import AgentStatus, AgentTurnEnd, InboxClaimed, InboxDiscarded, SessionEventAppended
 from ._json import FrozenDict, freeze
 from ._model import MessageId, SessionEvent
+from ._output import OutputSpec, output_spec, rebuild_output
 from ._util import NoPublicConstructor
 
 if TYPE_CHECKING:
@@ -47,8 +48,9 @@ class RunResult:
     Attributes:
         text: the content of the turn's last ``assistant/message`` (for an aborted turn, the
             text the reader saw before the cancel); ``""`` when there was none.
-        output: the validated structured output; ``None`` (structured output is not supported
-            yet).
+        output: the validated structured output, an instance of the run's ``output_type``
+            (a dict for a JSON-schema dict), rebuilt from the ``output`` its turn recorded on
+            the final ``assistant/message``; ``None`` without an ``output_type``.
         reason: the ``turn/end`` reason: ``completed``, ``max-tokens``, ``aborted``,
             ``disposed``, ``rejected`` or ``suspended`` (``error`` raises
             :class:`~agentloop.TurnFailed` instead). A message removed before any turn
@@ -81,13 +83,17 @@ class RunControls:
         raised there). Leaving it before that turn ended cancels that turn (cause ``"run"``,
         the inbox kept), or removes the message if no turn claimed it yet, and nothing else.
 
+        ``output_type`` (an attrs class, a dataclass, a ``TypedDict`` or a JSON-schema dict)
+        asks the turn for structured output: ``RunResult.output`` is then an instance of it
+        (a dict for a schema).
+
         Raises:
-            TypeError: ``output_type`` is given: structured output is not supported yet.
+            ToolDefinitionError: ``output_type`` has no JSON schema.
+            TypeError: ``output_type`` does not describe a JSON object.
         """
-        if output_type is not None:
-            raise TypeError("output_type is not supported yet")
         agent: Agent = self  # type: ignore[assignment]  # only Agent mixes this in
-        return Run._create(agent, content, source)
+        spec = None if output_type is None else output_spec(output_type)
+        return Run._create(agent, content, source, output_type, spec)
 
     async def ask(
         self, content: object, *, source: object = None, output_type: object = None
@@ -236,11 +242,17 @@ class Run(metaclass=NoPublicConstructor):
 
     __slots__ = (
         "_agent", "_content", "_dispatch", "_done_lot", "_dropped", "_entered", "_lot",
-        "_message_id", "_source", "_start", "_terminal", "_turn",
+        "_message_id", "_output_spec", "_output_type", "_source", "_start", "_terminal",
+        "_turn",
     )
 
-    def __init__(self, agent: Agent, content: object, source: object) -> None:
+    def __init__(
+        self, agent: Agent, content: object, source: object, output_type: object = None,
+        output_spec: OutputSpec | None = None,
+    ) -> None:
         self._agent = agent
+        self._output_type = output_type
+        self._output_spec = output_spec
         self._content = content
         self._source = source
         self._dispatch = _dispatch(agent._rt.bus)
@@ -289,6 +301,9 @@ class Run(metaclass=NoPublicConstructor):
         except BaseException:
             dispatch.release()
             raise
+        if self._output_spec is not None:
+            # Set before any checkpoint, so the turn that claims the message sees it.
+            agent._outputs[mid] = self._output_spec
         if any(m.id == mid for m in agent.inbox.next_turn):
             dispatch.pending[mid] = self
         else:
@@ -338,6 +353,8 @@ class Run(metaclass=NoPublicConstructor):
         if self._terminal:
             return
         self._terminal = True
+        if self._message_id is not None:
+            self._agent._outputs.pop(self._message_id, None)
         if self._turn is None:
             self._dropped = dropped or "aborted"
         self._dispatch.forget(self)
@@ -397,6 +414,7 @@ class Run(metaclass=NoPublicConstructor):
         if self._turn is None:
             return RunResult("", None, self._dropped or "aborted", None, None)
         text = ""
+        output: object = None
         usage: dict[str, Any] | None = None
         reason = "disposed"  # cut by the end of the agent's scope, with no turn/end
         error: FrozenDict | None = None
@@ -408,6 +426,8 @@ class Run(metaclass=NoPublicConstructor):
                 continue
             if e.type == _log.ASSISTANT_MESSAGE:
                 text = e.data.get("content") or ""
+                if "output" in e.data:
+                    output = e.data["output"]
                 counters = e.data.get("usage")
                 if isinstance(counters, Mapping):
                     usage = _add_usage({} if usage is None else usage, counters)
@@ -422,7 +442,9 @@ class Run(metaclass=NoPublicConstructor):
             frozen = freeze(usage)
             assert isinstance(frozen, FrozenDict)
             summed = frozen
-        return RunResult(text, None, reason, turn, summed)
+        if output is not None and self._output_type is not None:
+            output = rebuild_output(self._output_type, output)
+        return RunResult(text, output, reason, turn, summed)
 
 
 @final

@@ -32,7 +32,9 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("supervisor", {"_agents", "_subagents"}),
     ("driver", {"_agent"}),
     ("parts", {"_inbox", "_reply", "_run", "_scheduler"}),
-    ("services", {"_session", "_llm", "_tools", "_settings", "_persistence", "_config"}),
+    ("services", {
+        "_session", "_llm", "_tools", "_settings", "_persistence", "_config", "_output",
+    }),
     ("bus", {"_bus", "_schema"}),
     ("values", {"_log", "_events", "_model", "_json", "_errors", "_http", "_util"}),
 ]

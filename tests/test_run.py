@@ -259,12 +259,12 @@ async def test_disposal_ends_the_running_turn_and_drops_the_pending_one(
             pass
 
 
-async def test_output_type_is_not_supported_yet(rt: agentloop.Context) -> None:
+async def test_an_output_type_that_is_not_an_object_is_refused(rt: agentloop.Context) -> None:
     async with await _agent(rt) as h:
-        with pytest.raises(TypeError, match="output_type is not supported yet"):
-            h.agent.run("x", output_type=dict)
-        with pytest.raises(TypeError, match="output_type is not supported yet"):
-            await h.agent.ask("x", output_type={"type": "object"})
+        with pytest.raises(TypeError, match="must describe a JSON object"):
+            h.agent.run("x", output_type=int)
+        with pytest.raises(TypeError, match="must describe a JSON object"):
+            await h.agent.ask("x", output_type=list[int])
         assert h.agent.inbox.next_turn == ()
 
 

@@ -55,6 +55,10 @@ class ModelAdapter(abc.ABC):
     defaults: AdapterDefaults = _NO_DEFAULTS
     """Values filled into unset config fields (``max_tokens``, ``reasoning_effort``)."""
 
+    supports_json_schema: ClassVar[bool] = False
+    """Whether :meth:`stream` honours ``LLMRequest.output_schema`` (a native JSON-schema
+    response format); when not, structured output goes through a ``final_result`` tool."""
+
     # True for adapters that already turn every failure into a ProviderError (the HTTP
     # ones): the runtime then passes their stream on without wrapping it.
     _raises_provider_errors: ClassVar[bool] = False

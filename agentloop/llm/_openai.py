@@ -72,6 +72,7 @@ class OpenAIChatAdapter(HTTPStreamAdapter):
     """
 
     _path: ClassVar[str] = "/chat/completions"
+    supports_json_schema: ClassVar[bool] = True
     _kind: ClassVar[str] = "openai"
 
     def __init__(
@@ -105,6 +106,17 @@ class OpenAIChatAdapter(HTTPStreamAdapter):
         body: dict[str, Any] = {"model": config.model, "messages": messages}
         if request.tools:
             body["tools"] = [_tool(spec) for spec in request.tools]
+        if request.output_schema is not None:
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": request.output_name,
+                    "schema": request.output_schema,
+                    # Strict mode refuses schemas with optional properties; the runtime
+                    # validates the reply itself and sends back what is wrong.
+                    "strict": False,
+                },
+            }
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
         if config.max_tokens is not None:
