@@ -187,3 +187,17 @@ async def test_the_output_survives_a_resume(tmp_path: Path) -> None:
                 # The final_result call and its answer replay as a valid history.
                 assert (await h.agent.ask("and now?")).text == "hello again"
                 check_history_valid(model.requests[0].messages)
+
+
+async def test_a_run_left_before_its_claim_forgets_its_output_spec(
+    rt: agentloop.Context, model: ScriptedModel
+) -> None:
+    async with await rt.agents.create(session_id="s", agent_options=OPTIONS) as h:
+        async with h.agent.run("never mind", output_type=Point) as run:
+            assert run.message_id in h.agent._outputs
+        assert (await run.result()).reason == "aborted"
+        assert h.agent._outputs == {}
+        # A later run without an output_type is not handed the forgotten spec.
+        model.add(reply("fine"))
+        assert (await h.agent.ask("hello")).output is None
+        assert all(t.name != "final_result" for t in model.requests[0].tools)
