@@ -12,10 +12,11 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, ForwardRef, cast
 
 import attrs
 
+from . import _log
 from ._bus import Lagged
 from ._events import ALL_EVENTS, Allow, Ask, Deny, Event, Kind, Reject, Replace, Retry, Stop
 
@@ -151,6 +152,8 @@ def _cell(text: str) -> str:
 def _type_name(annotation: object) -> str:
     if isinstance(annotation, str):
         return annotation
+    if isinstance(annotation, ForwardRef):
+        return annotation.__forward_arg__
     return getattr(annotation, "__name__", repr(annotation))
 
 
@@ -232,7 +235,28 @@ def render_catalog() -> str:
         lines += _value_section(decision, "agentloop.events")
     lines += [_SUBSCRIPTIONS]
     lines += _value_section(Lagged, "agentloop.events")
+    lines += _log_sections()
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+_LOG_INTRO = """\
+## The durable log
+
+Every `SessionEvent` agentloop appends has one of these types; `data` holds the keys below
+(generated from `agentloop/_log.py`, the one module that writes and types them). Optional
+keys (`repaired`, `usage`, `cause`, ...) appear only when they say something.
+"""
+
+
+def _log_sections() -> list[str]:
+    lines = [_LOG_INTRO]
+    for type_, payload, when in _log.SCHEMA:
+        lines += [f"### `{type_}`", "", f"Written when {when}.", "",
+                  "| Key | Type |", "| --- | --- |"]
+        for key, annotation in payload.__annotations__.items():
+            lines.append(f"| {_cell(key)} | {_cell(_type_name(annotation))} |")
+        lines.append("")
+    return lines
 
 
 def main(argv: Sequence[str] | None = None, *, path: Path = DOCS_PATH) -> int:

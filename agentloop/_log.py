@@ -24,7 +24,7 @@ __all__ = [
     "TOOL_APPROVAL_REQUESTED", "TOOL_APPROVAL_ANSWERED", "approval_requested",
     "approval_answered", "ApprovalRequestedData", "ApprovalAnsweredData",
     "HISTORY_REPLACED", "history_replaced", "HistoryReplacedData", "message_json",
-    "USAGE_KEYS",
+    "USAGE_KEYS", "TurnStartData", "SCHEMA",
 ]
 
 TURN_START: Final = "turn/start"
@@ -48,6 +48,10 @@ USAGE_KEYS: Final = (
 
 
 # --- payloads, for readers ---------------------------------------------------------------------
+
+
+class TurnStartData(TypedDict):
+    turn: int
 
 
 class ClaimedMessageData(TypedDict):
@@ -312,3 +316,21 @@ def history_replaced(
         first_seq=first_seq, last_seq=last_seq, messages=messages, reason=reason
     )
     return FrozenDict(fields, usage=usage) if usage else fields
+
+
+SCHEMA: Final[tuple[tuple[str, type, str], ...]] = (
+    (TURN_START, TurnStartData, "a turn opens"),
+    (USER_MESSAGE, ClaimedMessageData, "a next-turn message is claimed"),
+    (STEERING_MESSAGE, ClaimedMessageData, "a next-step message (steer or inject) is claimed"),
+    (REQUEST_HEADER, RequestHeaderData, "before each model call: what is sent"),
+    (ASSISTANT_CHUNK, ChunkData, "each streamed delta"),
+    (ASSISTANT_MESSAGE, AssistantMessageData, "the completion anchor (final or interrupted)"),
+    (TOOL_CALL, ToolCallData, "a tool call enters the pipeline"),
+    (TOOL_APPROVAL_REQUESTED, ApprovalRequestedData, "a call is parked for approval"),
+    (TOOL_APPROVAL_ANSWERED, ApprovalAnsweredData, "a parked call is approved or denied"),
+    (TOOL_RESULT, ToolResultData, "a call's result is final"),
+    (HISTORY_REPLACED, HistoryReplacedData, "history is compacted or replaced"),
+    (TURN_END, TurnEndData, "a turn closes"),
+)
+"""Every durable log type agentloop writes, its payload and when it is written (the event
+catalog is generated from this)."""

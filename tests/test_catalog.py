@@ -69,3 +69,18 @@ def test_check_reports_a_stale_or_missing_file(
     path.write_text(render_catalog() + "edited by hand\n", encoding="utf-8")
     assert main(["--check"], path=path) == 1
     assert "python -m agentloop._catalog" in capsys.readouterr().err
+
+
+def test_every_durable_log_type_is_in_the_catalog_with_its_keys() -> None:
+    from agentloop import _log
+    from agentloop._catalog import render_catalog
+
+    written = {v for k, v in vars(_log).items() if k.isupper() and isinstance(v, str)
+               and "/" in v}
+    listed = {type_ for type_, _, _ in _log.SCHEMA}
+    assert written == listed, written ^ listed
+    catalog = render_catalog()
+    for type_, payload, _ in _log.SCHEMA:
+        assert f"### `{type_}`" in catalog
+        for key in payload.__annotations__:
+            assert f"| `{key}` |" in catalog, (type_, key)
