@@ -446,6 +446,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             assert self._turn_scope is not None
             self._cancel_cause = cause
             self._turn_scope.cancel()
+            self._cancel_children()
             return True
         if self._status != "running" or self._turn_scope is None:
             return False
@@ -457,7 +458,16 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         if not self._turn_scope.cancel_called:
             self._cancel_cause = cause
             self._turn_scope.cancel()
+        self._cancel_children()
         return effective
+
+    def _cancel_children(self) -> None:
+        # In the same synchronous step as the parent's own cancel, so a child running on its
+        # own (a kept handle, a job) ends with cause ``parent`` however long the parent's turn
+        # takes to unwind; each child's cancel reaches its own children the same way.
+        for child in list(self._rt.supervisor.children.get(self.id, {}).values()):
+            if child._status == "running":
+                child.cancel("parent")
 
     def _running(self) -> bool:
         # A call, like _stopping(): the status changes across awaits.

@@ -33,7 +33,6 @@ from ._events import (
     AgentCreated,
     AgentDisposed,
     AgentSessionStart,
-    AgentTurnEnd,
     SessionCreated,
     SessionDisposed,
 )
@@ -206,7 +205,6 @@ class Supervisor:
         self.preparing: dict[str, Agent] = {}
         # Background jobs by id (``ctx.jobs``), entered and removed by their owners.
         self.jobs: dict[str, Job] = {}
-        self._watching_turns = False
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as actors:
@@ -244,28 +242,8 @@ class Supervisor:
                 f"agent {parent.id!r} already has {limit} live sub-agents "
                 f"({MAX_CHILDREN} = {limit}); wait for one to finish or close one"
             )
-        self._watch_turns()
         assert self._actors is not None
         return parent._nursery if parent._nursery is not None else self._actors
-
-    def _watch_turns(self) -> None:
-        # Installed with the first child, so runtimes without sub-agents pay nothing per turn.
-        if self._watching_turns:
-            return
-        self._watching_turns = True
-        self._rt.bus.on(AgentTurnEnd, self._on_turn_end)
-
-    def _on_turn_end(self, event: AgentTurnEnd) -> None:
-        """A parent's aborted turn ends every running turn of its children (cause ``parent``).
-
-        A child awaited inside a tool call is cancelled at once, when the call is; this
-        catches the children running on their own (spawned, background jobs).
-        """
-        if event.reason != "aborted":
-            return
-        for child in list(self.children.get(event.agent_id, {}).values()):
-            if child.status == "running":
-                child.cancel("parent")
 
     async def enter(
         self, agent: Agent, handle: AgentHandle, owner: Context, parent: Agent | None = None

@@ -16,7 +16,13 @@ from hypothesis import strategies as st
 
 import agentloop
 from agentloop import AgentOptions, Context
-from agentloop.events import AgentCreated, AgentDisposed, SessionCreated, SessionEventAppended
+from agentloop.events import (
+    AgentCreated,
+    AgentDisposed,
+    AgentTurnEnd,
+    SessionCreated,
+    SessionEventAppended,
+)
 from agentloop.llm import LLMRequest
 from agentloop.testing import Finish, FunctionModel, ProviderError, TextDelta, ToolCallDelta
 
@@ -280,6 +286,57 @@ async def test_cancelling_the_parent_turn_aborts_a_spawned_child(rt: Context) ->
     kept[0].agent.followup("again")
     await kept[0].agent.wait_idle()
     assert turn_ends(kept[0].agent.session)[-1]["reason"] == "completed"
+    await handle.aclose()
+
+
+async def test_the_parent_cancel_ends_children_before_its_own_turn_unwinds(
+    rt: Context,
+) -> None:
+    async def child(request: LLMRequest) -> str:
+        await trio.sleep_forever()
+        raise AssertionError
+
+    kept: list[agentloop.AgentHandle] = []
+    jobs: list[agentloop.Job] = []
+    spawned = trio.Event()
+    unwind = trio.Event()
+
+    @rt.tools.tool()
+    async def spawn() -> str:
+        """Spawn a child and a job, then wait; unwinding takes until ``unwind`` is set."""
+        kept.append(await rt.subagents.spawn("work"))
+        jobs.append(await rt.jobs.start("job"))
+        spawned.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            # The parent's turn cannot end (nor its turn/end be written) before this.
+            with trio.CancelScope(shield=True):
+                await unwind.wait()
+        raise AssertionError
+
+    order: list[tuple[str, str]] = []
+    rt.events.on(AgentTurnEnd, lambda e: order.append((e.agent_id, e.reason)))
+    rt.llm.register("fn", tree_model(rt, [("spawn", {})], child))
+    handle = await parent(rt)
+    handle.agent.followup("x")
+    with trio.fail_after(5):
+        await spawned.wait()
+        await trio.testing.wait_all_tasks_blocked()
+        job_child = rt.agents.get(jobs[0].session_id)
+        assert job_child is not None
+        assert handle.agent.cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        children = {kept[0].agent.id, job_child.id}
+        assert set(order) == {(a, "aborted") for a in children}
+        for session in (kept[0].agent.session, job_child.session):
+            assert turn_ends(session) == [{"turn": 1, "reason": "aborted", "cause": "parent"}]
+        assert turn_ends(handle.agent.session) == []
+        assert jobs[0].status == "cancelled"
+        unwind.set()
+        await handle.agent.wait_idle()
+    assert order[-1] == (handle.agent.id, "aborted")
+    assert turn_ends(handle.agent.session)[-1]["cause"] == "user"
     await handle.aclose()
 
 
