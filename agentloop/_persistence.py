@@ -28,6 +28,9 @@ class SessionInfo:
     created_at: float
     updated_at: float
     cwd: str | None = None
+    # The lineage recorded in a sub-agent's ``meta``; None for a top-level session, or where
+    # the store does not derive it.
+    parent_session_id: str | None = None
 
 
 @attrs.frozen(slots=True, kw_only=True)

@@ -141,6 +141,15 @@ async def test_load_sees_appends_not_yet_flushed(store: SqliteSessionStore) -> N
         assert [e.seq for e in loaded.events] == [1, 2]
 
 
+async def test_list_derives_the_parent_session_from_meta(store: SqliteSessionStore) -> None:
+    with trio.fail_after(10):
+        await store.create("top", META)
+        await store.create("kid", FrozenDict(parent_session_id="top", depth=1))
+        await store.create("odd", FrozenDict(parent_session_id=7))
+        parents = {i.id: i.parent_session_id for i in await store.list()}
+        assert parents == {"top": None, "kid": "top", "odd": None}
+
+
 async def test_list_exists_and_missing_sessions(store: SqliteSessionStore) -> None:
     with trio.fail_after(10):
         assert await store.list() == []

@@ -836,14 +836,17 @@ class SqliteSessionStore:
 
     def _do_list(self) -> builtins.list[SessionInfo]:
         rows = self._db.execute(
-            "SELECT id, turns, events, created_at, updated_at, cwd FROM sessions"
+            "SELECT id, turns, events, created_at, updated_at, cwd,"
+            " json_extract(meta, '$.parent_session_id') FROM sessions"
             " ORDER BY updated_at DESC, rowid DESC"
         ).fetchall()
         return [
             SessionInfo(
-                id=sid, turns=turns, events=events, created_at=created, updated_at=updated, cwd=cwd
+                id=sid, turns=turns, events=events, created_at=created, updated_at=updated, cwd=cwd,
+                # Any meta is accepted: only a string names a parent.
+                parent_session_id=parent if isinstance(parent, str) else None,
             )
-            for sid, turns, events, created, updated, cwd in rows
+            for sid, turns, events, created, updated, cwd, parent in rows
         ]
 
     def _do_create(self, session_id: str, meta_json: str, cwd: str | None) -> None:
