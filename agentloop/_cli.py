@@ -46,6 +46,7 @@ from agentloop import (
     PersistenceError,
     SessionEvent,
     SessionNotFound,
+    StoredSession,
     TurnFailed,
     __version__,
     content_text,
@@ -1102,11 +1103,26 @@ def _usage_note(data: Mapping[str, object]) -> str:
 
 
 async def _sessions_show(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    descendants: list[tuple[int, StoredSession]] = []
     async with _open_store(_store_path(args), must_exist=args.id) as store:
         try:
             stored = await store.load(args.id)
         except SessionNotFound:
             raise CliError(f"no session {args.id!r} in {store.path}", EXIT_USAGE) from None
+        if args.tree:
+            children: dict[str, list[str]] = {}
+            for info in reversed(await store.list()):  # oldest first
+                if info.parent_session_id is not None:
+                    children.setdefault(info.parent_session_id, []).append(info.id)
+            stack = [(1, sid) for sid in reversed(children.get(args.id, []))]
+            seen = {args.id}
+            while stack:
+                depth, sid = stack.pop()
+                if sid in seen:
+                    continue  # a cycle in hand-edited meta must not loop
+                seen.add(sid)
+                descendants.append((depth, await store.load(sid)))
+                stack += [(depth + 1, kid) for kid in reversed(children.get(sid, []))]
     if args.json:
         for e in stored.events:
             out.write(_json_text({"seq": e.seq, "type": e.type, "turn": e.turn, "data": e.data}))
@@ -1126,6 +1142,11 @@ async def _sessions_show(args: argparse.Namespace, out: TextIO, err: TextIO) -> 
     note = _usage_note({"usage": total})
     if note:
         out.write(f"session total{note}\n")
+    for depth, child in descendants:
+        pad = "  " * depth
+        out.write(f"{pad}session {child.id}\n")
+        for line in transcript(child.events):
+            out.write(pad + line.replace("\n", "\n" + pad) + "\n")
     return EXIT_OK
 
 
@@ -1182,7 +1203,10 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--db", metavar="PATH", help="the session store")
     show = which.add_parser("show", parents=[common], help="print a session's transcript")
     show.add_argument("id", metavar="ID")
-    show.add_argument("--json", action="store_true", help="the raw log, one JSON object a line")
+    form = show.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true", help="the raw log, one JSON object a line")
+    form.add_argument("--tree", action="store_true",
+                      help="then its sub-agents' sessions, indented under their parents")
     show.add_argument("--db", metavar="PATH", help="the session store")
     return parser
 

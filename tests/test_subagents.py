@@ -762,6 +762,15 @@ def test_sessions_list_shows_children_under_their_parent(
     assert set(ids[start + 1:start + 4]) == {"child-a", "child-b", "grandchild"}
     assert ids.index("grandchild") == ids.index("child-a") + 1
 
+    assert main(["sessions", "show", "aaa", "--tree", "--db", str(db)]) == 0
+    heads = [line for line in capsys.readouterr().out.splitlines() if "session " in line]
+    assert heads[0] == "session aaa"
+    assert set(heads[1:]) == {"  session child-a", "  session child-b", "    session grandchild"}
+    assert heads.index("    session grandchild") == heads.index("  session child-a") + 1
+    assert main(["sessions", "show", "child-a", "--tree", "--db", str(db)]) == 0
+    heads = [line for line in capsys.readouterr().out.splitlines() if "session " in line]
+    assert heads == ["session child-a", "  session grandchild"]
+
 
 # --- the tree property ---------------------------------------------------------------------
 
