@@ -34,7 +34,7 @@ from ._events import (
 )
 from ._json import JSON, FrozenDict, freeze, freeze_repaired
 from ._model import ToolCall, ToolResult
-from ._schema import parse_arguments, validate_arguments
+from ._schema import parse_arguments
 from ._session import Session
 from ._settings import APPROVAL_TIMEOUT, MAX_PARALLEL_TOOL_CALLS
 from ._tools import Tool
@@ -168,7 +168,7 @@ class _Run:
         else:
             arguments = raw
         assert isinstance(arguments, FrozenDict)
-        problems = validate_arguments(tool.parameters, arguments)
+        problems = tool.validate_arguments(arguments)
         if problems:
             slot.result = ToolResult.error(
                 "INVALID_ARGUMENTS",

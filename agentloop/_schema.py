@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import datetime
 import enum
+import functools
 import inspect
 import json
 import re
@@ -38,6 +39,8 @@ __all__ = [
     "describe_function",
     "parse_arguments",
     "validate_arguments",
+    "compile_validator",
+    "Validator",
     "coerce_arguments",
     "schema_for_type",
     "coerce_value",
@@ -77,10 +80,30 @@ class FunctionDescription:
     description: str
     parameters: FrozenDict
     _hints: Mapping[str, Any] = attrs.field(factory=dict, eq=False, repr=False)
+    # Per parameter, how its JSON value becomes the Python value, worked out once from the
+    # annotation: a call of a tool pays a dict lookup per argument, not a walk of its type.
+    # A parameter whose value is used as is has no entry.
+    _coercers: Mapping[str, Callable[[Any], Any]] = attrs.field(
+        init=False, eq=False, repr=False
+    )
+
+    def __attrs_post_init__(self) -> None:
+        coercers = {}
+        for name, tp in self._hints.items():
+            coercer = _coercer_for(tp)
+            if coercer is not None:
+                coercers[name] = coercer
+        object.__setattr__(self, "_coercers", coercers)
 
     def to_call_kwargs(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
         """Keyword arguments for the function from arguments that passed validation."""
-        return coerce_arguments(self, arguments)
+        coercers = self._coercers
+        if not coercers:
+            return dict(arguments)
+        return {
+            key: coercer(value) if (coercer := coercers.get(key)) is not None else value
+            for key, value in arguments.items()
+        }
 
 
 # --- schemas ---------------------------------------------------------------------------
@@ -449,6 +472,13 @@ def _read_entries(block: list[str], entry: re.Pattern[str], found: dict[str, lis
 # --- validation ------------------------------------------------------------------------
 
 
+Validator = Callable[[object], list[str]]
+"""``validator(arguments) -> problems``: a schema compiled by :func:`compile_validator`."""
+
+# A compiled schema node: ``check(value, path, out)`` appends the problems at ``path``.
+_Check = Callable[[object, str, list[str]], None]
+
+
 def validate_arguments(schema: Mapping[str, Any], arguments: object) -> list[str]:
     """Check ``arguments`` against a JSON schema; return the problems, ``[]`` when valid.
 
@@ -457,111 +487,266 @@ def validate_arguments(schema: Mapping[str, Any], arguments: object) -> list[str
     ``minimum``/``maximum``, ``minLength``/``maxLength`` and the string formats ``uuid``,
     ``date`` and ``date-time``; other keywords are ignored.
     Each problem names the path of the bad value and says what was expected, so that it can
-    be handed back to the model as is.
+    be handed back to the model as is. Compiles ``schema`` on every call: to check many values
+    against one schema, compile it once with :func:`compile_validator`.
     """
-    problems: list[str] = []
-    _check(schema, arguments, "", problems)
-    return problems
+    return compile_validator(schema)(arguments)
 
 
-def _check(schema: object, value: object, path: str, out: list[str]) -> None:
+def compile_validator(schema: Mapping[str, Any] | bool) -> Validator:
+    """``schema`` turned into a function that checks a value, as :func:`validate_arguments` does.
+
+    Every keyword is read once, here: a tool's arguments are checked on every call, and
+    re-reading the schema each time (with ABC ``isinstance`` checks on every node) was most of
+    a small call's cost. The schema must not change after compiling; a tool's parameters are
+    frozen, so a changed definition is a new tool with a new validator.
+    """
+    check = _compile(schema)
+
+    def validate(value: object) -> list[str]:
+        problems: list[str] = []
+        check(value, "", problems)
+        return problems
+
+    return validate
+
+
+def _accept(value: object, path: str, out: list[str]) -> None:
+    return
+
+
+def _refuse_any(value: object, path: str, out: list[str]) -> None:
+    out.append(_at(path, "no value is allowed here"))
+
+
+def _compile(schema: object) -> _Check:
     if isinstance(schema, bool):
-        if not schema:
-            out.append(_at(path, "no value is allowed here"))
-        return
+        return _accept if schema else _refuse_any
     if not isinstance(schema, Mapping):
-        return
+        return _accept
+    gates = _compile_gates(schema)
+    any_of = _compile_any_of(schema["anyOf"]) if "anyOf" in schema else None
+    on_object = _compile_object(schema)
+    on_array = _compile_array(schema)
+    on_string = _compile_string(schema)
+    on_number = _compile_number(schema)
+
+    def check(value: object, path: str, out: list[str]) -> None:
+        for gate in gates:
+            problem = gate(value)
+            if problem is not None:
+                out.append(_at(path, problem))
+                return
+        if any_of is not None:
+            any_of(value, path, out)
+        # Exact JSON types first: none of them is two kinds at once, and the ABC check
+        # below costs more than the rest of a small node's checking.
+        cls = type(value)
+        if cls is str:
+            if on_string is not None:
+                on_string(value, path, out)
+        elif cls is dict or cls is FrozenDict:
+            if on_object is not None:
+                on_object(value, path, out)
+        elif cls is list or cls is tuple:
+            if on_array is not None:
+                on_array(value, path, out)
+        elif isinstance(value, Mapping):
+            if on_object is not None:
+                on_object(value, path, out)
+        elif isinstance(value, (list, tuple)):
+            if on_array is not None:
+                on_array(value, path, out)
+        elif isinstance(value, str):
+            if on_string is not None:
+                on_string(value, path, out)
+        elif on_number is not None and _is_type(value, "number"):
+            on_number(value, path, out)
+
+    if not gates and any_of is None and not (on_object or on_array or on_string or on_number):
+        return _accept
+    return check
+
+
+def _compile_gates(schema: Mapping[str, Any]) -> list[Callable[[object], str | None]]:
+    """The checks that end a node's checking when they fail: type, enum, const."""
+    gates: list[Callable[[object], str | None]] = []
     if "type" in schema:
         wanted = _types_of(schema)
-        if not any(_is_type(value, kind) for kind in wanted):
+        admits = _type_test(wanted)
+        expected = " or ".join(wanted)
+
+        def type_gate(value: object) -> str | None:
+            return None if admits(value) else f"expected {expected}, got {_show(value)}"
+
+        gates.append(type_gate)
+    if "enum" in schema:
+        options = list(schema["enum"])
+
+        def enum_gate(value: object) -> str | None:
+            if any(_same(value, option) for option in options):
+                return None
+            shown = ", ".join(_literal(option) for option in options)
+            return f"must be one of {shown}, got {_literal(value)}"
+
+        gates.append(enum_gate)
+    if "const" in schema:
+        const = schema["const"]
+
+        def const_gate(value: object) -> str | None:
+            if _same(value, const):
+                return None
+            return f"must be {_literal(const)}, got {_literal(value)}"
+
+        gates.append(const_gate)
+    return gates
+
+
+def _type_test(kinds: list[str]) -> Callable[[object], bool]:
+    tests = [_KIND_TESTS.get(kind) or _kind_is(kind) for kind in kinds]
+    if len(tests) == 1:
+        return tests[0]
+    return lambda value: any(test(value) for test in tests)
+
+
+def _kind_is(kind: str) -> Callable[[object], bool]:
+    return lambda value: _is_type(value, kind)
+
+
+def _is_object(value: object) -> bool:
+    cls = type(value)
+    return cls is dict or cls is FrozenDict or _kind(value) == "object"
+
+
+def _is_array(value: object) -> bool:
+    cls = type(value)
+    return cls is list or cls is tuple or _kind(value) == "array"
+
+
+_KIND_TESTS: dict[str, Callable[[object], bool]] = {
+    "string": lambda value: isinstance(value, str),
+    "boolean": lambda value: isinstance(value, bool),
+    "null": lambda value: value is None,
+    "object": _is_object,
+    "array": _is_array,
+}
+
+
+def _compile_any_of(branches: Sequence[Any]) -> _Check:
+    compiled = [(_compile(branch), branch) for branch in branches]
+
+    def check(value: object, path: str, out: list[str]) -> None:
+        failures: list[tuple[object, list[str]]] = []
+        for branch_check, branch in compiled:
+            problems: list[str] = []
+            branch_check(value, path, problems)
+            if not problems:
+                return
+            failures.append((branch, problems))
+        # The problems of a branch of the right type say the most about what to fix.
+        fitting = [problems for branch, problems in failures if _admits_type(branch, value)]
+        if fitting:
+            closest: list[str] = min(fitting, key=len)
+            out.extend(closest)
+        else:
+            wanted = dict.fromkeys(kind for branch, _ in failures for kind in _types_of(branch))
             out.append(_at(path, f"expected {' or '.join(wanted)}, got {_show(value)}"))
-            return
-    if "enum" in schema and not any(_same(value, option) for option in schema["enum"]):
-        options = ", ".join(_literal(option) for option in schema["enum"])
-        out.append(_at(path, f"must be one of {options}, got {_literal(value)}"))
-        return
-    if "const" in schema and not _same(value, schema["const"]):
-        out.append(_at(path, f"must be {_literal(schema['const'])}, got {_literal(value)}"))
-        return
-    if "anyOf" in schema:
-        _check_any_of(schema["anyOf"], value, path, out)
-    if isinstance(value, Mapping):
-        _check_object(schema, value, path, out)
-    elif isinstance(value, (list, tuple)):
-        _check_array(schema, value, path, out)
-    elif isinstance(value, str):
-        parse = _PARSERS.get(schema.get("format", ""))
+
+    return check
+
+
+def _compile_object(schema: Mapping[str, Any]) -> _Check | None:
+    properties: Mapping[str, Any] = schema.get("properties") or {}
+    required = tuple(schema.get("required", ()))
+    extra = schema.get("additionalProperties", True)
+    checks = {name: _compile(sub) for name, sub in properties.items()}
+    extra_check = None if extra is False else _compile(extra)
+    if not required and extra_check is _accept and all(c is _accept for c in checks.values()):
+        return None
+    allowed = ", ".join(properties) or "none"
+
+    def check(value: object, path: str, out: list[str]) -> None:
+        assert isinstance(value, Mapping)
+        out.extend(
+            f"{_join(path, name)}: missing required field" for name in required
+            if name not in value
+        )
+        for key, item in value.items():
+            sub = checks.get(key)
+            if sub is not None:
+                sub(item, _join(path, key), out)
+            elif extra_check is None:
+                out.append(_at(path, f"unexpected field {key!r} (allowed: {allowed})"))
+            else:
+                extra_check(item, _join(path, key), out)
+
+    return check
+
+
+def _compile_array(schema: Mapping[str, Any]) -> _Check | None:
+    prefix_schemas: Sequence[Any] = schema.get("prefixItems") or ()
+    items = schema.get("items")
+    if isinstance(items, (list, tuple)):  # the draft-07 spelling of prefixItems
+        prefix_schemas, items = items, schema.get("additionalItems")
+    prefix = [_compile(sub) for sub in prefix_schemas]
+    rest = None if items is None else _compile(items)
+    min_items = schema.get("minItems", 0)
+    max_items = schema.get("maxItems")
+    if (not min_items and max_items is None and all(c is _accept for c in prefix)
+            and rest in (None, _accept)):
+        return None
+
+    def check(value: object, path: str, out: list[str]) -> None:
+        assert isinstance(value, (list, tuple))
+        if len(value) < min_items:
+            out.append(_at(path, f"expected at least {min_items} items, got {len(value)}"))
+        if max_items is not None and len(value) > max_items:
+            out.append(_at(path, f"expected at most {max_items} items, got {len(value)}"))
+        for index, item in enumerate(value):
+            sub = prefix[index] if index < len(prefix) else rest
+            if sub is not None:
+                sub(item, f"{path}[{index}]", out)
+
+    return check
+
+
+def _compile_string(schema: Mapping[str, Any]) -> _Check | None:
+    fmt = schema.get("format", "")
+    parse = _PARSERS.get(fmt)
+    min_length = schema.get("minLength", 0)
+    max_length = schema.get("maxLength")
+    if parse is None and not min_length and max_length is None:
+        return None
+
+    def check(value: object, path: str, out: list[str]) -> None:
+        assert isinstance(value, str)
         if parse is not None:
             try:
                 parse(value)
             except ValueError:
-                wanted = schema["format"]
-                out.append(_at(path, f"expected a {wanted} string, got {_literal(value)}"))
+                out.append(_at(path, f"expected a {fmt} string, got {_literal(value)}"))
                 return
-        if len(value) < schema.get("minLength", 0):
-            out.append(_at(path, f"must be at least {schema['minLength']} characters long"))
-        if "maxLength" in schema and len(value) > schema["maxLength"]:
-            out.append(_at(path, f"must be at most {schema['maxLength']} characters long"))
-    elif _is_type(value, "number"):
-        if "minimum" in schema and value < schema["minimum"]:
-            out.append(_at(path, f"must be at least {schema['minimum']}, got {value}"))
-        if "maximum" in schema and value > schema["maximum"]:
-            out.append(_at(path, f"must be at most {schema['maximum']}, got {value}"))
+        if len(value) < min_length:
+            out.append(_at(path, f"must be at least {min_length} characters long"))
+        if max_length is not None and len(value) > max_length:
+            out.append(_at(path, f"must be at most {max_length} characters long"))
+
+    return check
 
 
-def _check_any_of(branches: Sequence[Any], value: object, path: str, out: list[str]) -> None:
-    failures: list[tuple[object, list[str]]] = []
-    for branch in branches:
-        problems: list[str] = []
-        _check(branch, value, path, problems)
-        if not problems:
-            return
-        failures.append((branch, problems))
-    # The problems of a branch of the right type say the most about what to fix.
-    fitting = [problems for branch, problems in failures if _admits_type(branch, value)]
-    if fitting:
-        closest: list[str] = min(fitting, key=len)
-        out.extend(closest)
-    else:
-        wanted = dict.fromkeys(kind for branch, _ in failures for kind in _types_of(branch))
-        out.append(_at(path, f"expected {' or '.join(wanted)}, got {_show(value)}"))
+def _compile_number(schema: Mapping[str, Any]) -> _Check | None:
+    has_min, has_max = "minimum" in schema, "maximum" in schema
+    if not has_min and not has_max:
+        return None
+    minimum, maximum = schema.get("minimum"), schema.get("maximum")
 
+    def check(value: Any, path: str, out: list[str]) -> None:
+        if has_min and value < minimum:
+            out.append(_at(path, f"must be at least {minimum}, got {value}"))
+        if has_max and value > maximum:
+            out.append(_at(path, f"must be at most {maximum}, got {value}"))
 
-def _check_object(
-    schema: Mapping[str, Any], value: Mapping[Any, Any], path: str, out: list[str]
-) -> None:
-    properties: Mapping[str, Any] = schema.get("properties") or {}
-    out.extend(
-        f"{_join(path, name)}: missing required field"
-        for name in schema.get("required", ())
-        if name not in value
-    )
-    extra = schema.get("additionalProperties", True)
-    for key, item in value.items():
-        if key in properties:
-            _check(properties[key], item, _join(path, key), out)
-        elif extra is False:
-            allowed = ", ".join(properties) or "none"
-            out.append(_at(path, f"unexpected field {key!r} (allowed: {allowed})"))
-        else:
-            _check(extra, item, _join(path, key), out)
-
-
-def _check_array(
-    schema: Mapping[str, Any], value: Sequence[Any], path: str, out: list[str]
-) -> None:
-    prefix: Sequence[Any] = schema.get("prefixItems") or ()
-    items = schema.get("items")
-    if isinstance(items, (list, tuple)):  # the draft-07 spelling of prefixItems
-        prefix, items = items, schema.get("additionalItems")
-    if len(value) < schema.get("minItems", 0):
-        out.append(_at(path, f"expected at least {schema['minItems']} items, got {len(value)}"))
-    if "maxItems" in schema and len(value) > schema["maxItems"]:
-        out.append(_at(path, f"expected at most {schema['maxItems']} items, got {len(value)}"))
-    for index, item in enumerate(value):
-        sub = prefix[index] if index < len(prefix) else items
-        if sub is not None:
-            _check(sub, item, f"{path}[{index}]", out)
+    return check
 
 
 def _types_of(schema: object) -> list[str]:
@@ -728,6 +913,34 @@ def _coerce(tp: Any, value: Any) -> Any:
             return [_coerce(args[0] if args else Any, item) for item in value]
     if isinstance(value, Mapping) and base in (dict, Mapping) and len(args) == 2:
         return {key: _coerce(args[1], item) for key, item in value.items()}
+    return value
+
+
+# Annotations whose validated JSON value is already the Python value.
+_AS_IS: frozenset[object] = frozenset({str, bool, float, Any, object, _NONE})
+
+
+def _coercer_for(tp: Any) -> Callable[[Any], Any] | None:
+    """What :func:`_coerce` does for ``tp``, or None when it returns every valid value as is."""
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Annotated:
+        return _coercer_for(args[0])
+    if origin is Union or origin is types.UnionType:
+        arms = [arg for arg in args if arg is not _NONE]
+        if len(arms) == 1:
+            # One arm and None: _coerce passes None through and coerces the rest to the arm.
+            return _coercer_for(arms[0])
+    with contextlib.suppress(TypeError):  # an unhashable annotation takes the general path
+        if tp in _AS_IS:
+            return None
+    if tp is int:
+        return _int_value
+    return functools.partial(_coerce, tp)
+
+
+def _int_value(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
     return value
 
 

@@ -14,6 +14,7 @@ from ._bus import Disposer
 from ._errors import ToolDefinitionError
 from ._json import FrozenDict, freeze_object
 from ._model import Content, ToolCall, ToolSpec
+from ._schema import Validator, compile_validator
 
 __all__ = ["Tool", "ToolRegistry", "Concurrency", "Policy", "truncate_content"]
 
@@ -116,6 +117,9 @@ class Tool:
     to_kwargs: Callable[[Mapping[str, Any]], dict[str, Any]] | None = attrs.field(
         default=None, repr=False
     )
+    # ``parameters`` compiled once per definition: ``attrs.evolve`` to a new schema builds a
+    # new Tool and so a new validator; the frozen schema cannot change under this one.
+    validate_arguments: Validator = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -125,6 +129,7 @@ class Tool:
                 f"tool {self.name!r}: parameters must be an object schema, "
                 f"got type {self.parameters.get('type')!r}"
             )
+        object.__setattr__(self, "validate_arguments", compile_validator(self.parameters))
 
     @property
     def spec(self) -> ToolSpec:
