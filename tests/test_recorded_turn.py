@@ -51,7 +51,7 @@ def _recorded(cls: type[Event]) -> bool:
 def plain(value: object) -> Any:
     """A JSON value for anything an event carries, stable across runs."""
     if attrs.has(type(value)):
-        fields = attrs.fields(type(value))  # type: ignore[misc]
+        fields = attrs.fields(type(value))  # type: ignore[arg-type]
         return {"_": type(value).__name__} | {
             f.name: plain(getattr(value, f.name)) for f in fields if not f.name.startswith("_")
         }
