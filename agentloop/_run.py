@@ -11,6 +11,7 @@ behind still sees the whole turn.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any, Final, Literal, final
@@ -22,7 +23,7 @@ from . import _log
 from ._bus import Disposer, EventBus
 from ._errors import ProviderError, TurnFailed
 from ._events import AgentDisposed as AgentGone
-from ._events import AgentStatus, AgentTurnEnd, InboxClaimed, InboxDiscarded, SessionEventAppended
+from ._events import AgentStatus, AgentTurnEnd, InboxClaimed, InboxDiscarded
 from ._json import FrozenDict, freeze
 from ._model import MessageId, SessionEvent
 from ._output import OutputSpec, output_spec, rebuild_output
@@ -112,10 +113,11 @@ class _Dispatch:
 
     One handler per event class, indexed by message id, ``(agent, turn)`` and agent, so an
     event costs one dict lookup whatever the number of runs, and a runtime with no live run
-    pays nothing. Per-event wakes (``session/event``) are installed only while a reader waits.
+    pays nothing. Readers are woken by the session itself (its ``_wake`` hook, set only while
+    a reader of it waits), not through the bus.
     """
 
-    __slots__ = ("_bus", "_disposers", "_reader_disposer", "claimed", "pending", "readers")
+    __slots__ = ("_bus", "_disposers", "claimed", "pending", "readers")
 
     def __init__(self, bus: EventBus) -> None:
         self._bus = bus
@@ -123,7 +125,6 @@ class _Dispatch:
         self.claimed: dict[str, dict[int, Run]] = {}  # agent id -> turn -> run, until it ends
         self.readers: dict[str, set[Run]] = {}  # session id -> runs whose readers may park
         self._disposers: tuple[Disposer, ...] = ()
-        self._reader_disposer: Disposer | None = None
 
     def hold(self) -> None:
         if self._disposers:
@@ -139,18 +140,18 @@ class _Dispatch:
         )
 
     def release(self) -> None:
-        if not self.readers and self._reader_disposer is not None:
-            self._reader_disposer()
-            self._reader_disposer = None
         if not self.pending and not self.claimed and self._disposers:
             disposers, self._disposers = self._disposers, ()
             for dispose in disposers:
                 dispose()
 
-    def watch(self, run: Run, session_id: str) -> None:
-        self.readers.setdefault(session_id, set()).add(run)
-        if self._reader_disposer is None:
-            self._reader_disposer = self._bus.on(SessionEventAppended, self._on_appended)
+    def watch(self, run: Run) -> None:
+        session = run._agent.session
+        watching = self.readers.get(session.id)
+        if watching is None:
+            watching = self.readers[session.id] = set()
+            session._wake = functools.partial(_wake_readers, watching)
+        watching.add(run)
 
     def forget(self, run: Run) -> None:
         agent_id = run._agent.id
@@ -161,11 +162,13 @@ class _Dispatch:
             del turns[run._turn]
             if not turns:
                 del self.claimed[agent_id]
-        watching = self.readers.get(agent_id)
+        session = run._agent.session
+        watching = self.readers.get(session.id)
         if watching is not None:
             watching.discard(run)
             if not watching:
-                del self.readers[agent_id]
+                del self.readers[session.id]
+                session._wake = None
         self.release()
 
     # --- handlers --------------------------------------------------------------------------
@@ -213,13 +216,12 @@ class _Dispatch:
         for run in list(self.claimed.get(e.agent_id, {}).values()):
             run._finish(None)
 
-    def _on_appended(self, e: SessionEventAppended) -> None:
-        watching = self.readers.get(e.session_id)
-        if watching:
-            for run in watching:
-                lot = run._lot
-                if lot:
-                    lot.unpark_all()
+
+
+def _wake_readers(watching: set[Run]) -> None:
+    for run in watching:
+        if run._readers:
+            run._wake()
 
 
 _dispatchers: weakref.WeakKeyDictionary[EventBus, _Dispatch] = weakref.WeakKeyDictionary()
@@ -241,8 +243,19 @@ class Run(metaclass=NoPublicConstructor):
     """
 
     __slots__ = (
-        "_agent", "_content", "_dispatch", "_done_lot", "_dropped", "_entered", "_lot",
-        "_message_id", "_output_spec", "_output_type", "_source", "_start", "_terminal",
+        "_agent",
+        "_content",
+        "_dispatch",
+        "_done_lot",
+        "_dropped",
+        "_entered",
+        "_message_id",
+        "_output_spec",
+        "_output_type",
+        "_readers",
+        "_source",
+        "_start",
+        "_terminal",
         "_turn",
     )
 
@@ -262,7 +275,9 @@ class Run(metaclass=NoPublicConstructor):
         self._start = 0  # index of the turn's turn/start in the log
         self._dropped: str | None = None  # the reason when no turn will ever claim the message
         self._terminal = False
-        self._lot = trio.lowlevel.ParkingLot()  # readers, woken by the session's appends
+        # Reader tasks parked until the session's next append. Not a ParkingLot: a reader is
+        # woken about once per streamed chunk, and the bare reschedule costs a third less.
+        self._readers: list[trio.lowlevel.Task] = []
         self._done_lot = trio.lowlevel.ParkingLot()  # result() waiters, woken once at the end
 
     def __repr__(self) -> str:
@@ -358,7 +373,7 @@ class Run(metaclass=NoPublicConstructor):
         if self._turn is None:
             self._dropped = dropped or "aborted"
         self._dispatch.forget(self)
-        self._lot.unpark_all()
+        self._wake()
         self._done_lot.unpark_all()
 
     async def _wait_terminal(self) -> None:
@@ -369,8 +384,24 @@ class Run(metaclass=NoPublicConstructor):
 
     async def _wait_appended(self) -> None:
         if not self._terminal:
-            self._dispatch.watch(self, self._agent.id)
-        await self._lot.park()
+            self._dispatch.watch(self)
+        task = trio.lowlevel.current_task()
+        readers = self._readers
+        readers.append(task)
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            readers.remove(task)  # still there: a woken task is never aborted
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def _wake(self) -> None:
+        readers = self._readers
+        if readers:
+            # A fresh list: each parked task is rescheduled exactly once.
+            self._readers = []
+            for task in readers:
+                trio.lowlevel.reschedule(task)
 
     def _check_entered(self) -> None:
         if not self._entered:
@@ -393,12 +424,12 @@ class Run(metaclass=NoPublicConstructor):
         retried; read :meth:`events` to tell them apart by ``request/header``.
         """
         self._check_entered()
-        return _Deltas(_Events(self), "text")
+        return _Events(self, "text")
 
     def reasoning(self) -> AsyncIterator[str]:
         """The reasoning deltas (``assistant/chunk`` of kind ``reasoning``) of the turn."""
         self._check_entered()
-        return _Deltas(_Events(self), "reasoning")
+        return _Events(self, "reasoning")
 
     async def result(self) -> RunResult:
         """Wait for the turn to close (its ``turn/end`` logged and flushed); how it ended.
@@ -449,63 +480,55 @@ class Run(metaclass=NoPublicConstructor):
 
 @final
 class _Events:
-    """An iteration over one run's turn; a class rather than an async generator, so that
-    leaving an ``async for`` early leaves nothing to finalize."""
+    """An iteration over one run's turn: its events, or (with ``kind``) the deltas of its
+    ``assistant/chunk`` events of that kind. A class rather than an async generator, so that
+    leaving an ``async for`` early leaves nothing to finalize; one class for both, so that a
+    delta costs one ``__anext__``, not one per layer."""
 
-    __slots__ = ("_done", "_i", "_run")
+    __slots__ = ("_done", "_i", "_kind", "_run")
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: Run, kind: Kind | None = None) -> None:
         self._run = run
+        self._kind = kind
         self._i: int | None = None
         self._done = False
 
     def __aiter__(self) -> _Events:
         return self
 
-    async def __anext__(self) -> SessionEvent:
+    async def __anext__(self) -> Any:
         run = self._run
-        log = run._agent.session.events
+        kind = self._kind
+        # The session's own list, not its read-only view: append-only, so an index into it
+        # stays valid, and this runs once per event of the turn.
+        log = run._agent.session._log
         while not self._done:
             turn = run._turn
             if turn is not None:
-                if self._i is None:
-                    self._i = run._start
-                while self._i < len(log):
-                    event = log[self._i]
-                    self._i += 1
-                    if event.turn == turn:
-                        if event.type == _log.TURN_END:
-                            self._done = True
-                        # A reader with a backlog takes it without yielding, but still
-                        # honours a cancel.
-                        await trio.lowlevel.checkpoint_if_cancelled()
-                        return event
-            if run._terminal:
+                i = run._start if self._i is None else self._i
+                while i < len(log):
+                    event = log[i]
+                    i += 1
+                    if event.turn != turn:
+                        continue
+                    self._i = i
+                    if event.type == _log.TURN_END:
+                        self._done = True
+                        if kind is not None:
+                            break
+                    elif kind is not None and (
+                        event.type != _log.ASSISTANT_CHUNK or event.data["kind"] != kind
+                    ):
+                        continue
+                    # A reader with a backlog takes it without yielding, but still honours
+                    # a cancel.
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                    return event if kind is None else event.data["delta"]
+                self._i = i
+            if run._terminal or self._done:
                 break
             await run._wait_appended()
         self._done = True
-        raise StopAsyncIteration
-
-
-@final
-class _Deltas:
-    __slots__ = ("_events", "_kind")
-
-    def __init__(self, events: _Events, kind: Kind) -> None:
-        self._events = events
-        self._kind = kind
-
-    def __aiter__(self) -> _Deltas:
-        return self
-
-    async def __anext__(self) -> str:
-        kind = self._kind
-        async for event in self._events:
-            if event.type == _log.ASSISTANT_CHUNK:
-                data = event.data
-                if data["kind"] == kind:
-                    delta: str = data["delta"]
-                    return delta
         raise StopAsyncIteration
 
 

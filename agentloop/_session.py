@@ -253,7 +253,7 @@ class Session:
     __slots__ = (
         "_awaiting", "_bus", "_call_ids", "_gen", "_history", "_last_call", "_log",
         "_open_turn", "_origins", "_splices", "_turn_usage", "_unanswered", "_usage", "_view",
-        "id", "meta", "turns",
+        "_wake", "id", "meta", "turns",
     )
 
     def __init__(self, session_id: str, meta: FrozenDict, bus: EventBus) -> None:
@@ -281,6 +281,9 @@ class Session:
         self._call_ids: set[str] | None = None  # allocated with the first call
         # Calls parked for approval and not answered yet (rebuilt from the log on load).
         self._awaiting: dict[str, PendingApproval] | None = None
+        # Called after every append while a run handle's reader waits on this session: a
+        # direct call, not a bus event, since a reader is woken about once per chunk.
+        self._wake: Callable[[], None] | None = None
         self.turns = 0
         """The number of the last turn opened in this session."""
 
@@ -497,6 +500,9 @@ class Session:
         bus = self._bus
         if bus.has_listeners(SessionEventAppended):
             bus.emit_nowait(SessionEventAppended(self.id, event))
+        wake = self._wake
+        if wake is not None:
+            wake()
         return event
 
     def load(self, events: Sequence[SessionEvent]) -> None:
