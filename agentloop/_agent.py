@@ -621,7 +621,9 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         self.session.append(_log.TURN_START, _log.turn_start(turn.number), turn.number)
         # A resuming turn claims no prompt: queued input waits for the turn after it.
         claimed = () if resuming else self._claim(turn.number, boundary=True)
-        if self._outputs:
+        if resuming:
+            turn.output = self._suspended_output()
+        elif self._outputs:
             for m in claimed:
                 spec = self._outputs.pop(m.id, None)
                 if spec is not None:
@@ -639,6 +641,17 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             # Calls wait for a person: they stay pending, and a resume picks them up.
             turn.reason = "suspended"
         await self._close_turn(turn)
+
+    def _suspended_output(self) -> OutputSpec | None:
+        """The structured output the suspended turn being resumed asked for, from its
+        ``turn/end`` (so a resume in another process asks for it too)."""
+        for event in reversed(self.session.events):
+            if event.type == _log.TURN_END:
+                schema, name = event.data.get("output_schema"), event.data.get("output_name")
+                if isinstance(schema, FrozenDict) and isinstance(name, str):
+                    return OutputSpec(schema, name)
+                return None
+        return None
 
     async def _close_turn(self, turn: _Turn) -> None:
         # Whatever ended the turn (a failing or cancelled hook between the anchor and the
@@ -668,6 +681,10 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             _log.turn_end(
                 turn.number, reason, cause=cause, error=error,
                 usage=self.session.turn_usage or None, detail=turn.detail,
+                output=(
+                    (turn.output.schema, turn.output.name)
+                    if reason == "suspended" and turn.output is not None else None
+                ),
             ),
             turn.number,
         )
@@ -722,6 +739,11 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                 calls = tuple(c for c in calls if c.name != FINAL_RESULT)
                 if verdict.valid:
                     self._answer_final(turn.number, verdict, outcome.tool_calls, None)
+                    if calls:
+                        # The model asked for these beside its answer (a note to save, a
+                        # file to write): they run, then the turn ends on the answer.
+                        await run_tool_calls(self, turn.number, calls)
+                        turn.tool_calls += len(calls)
                     return "max-tokens" if turn.max_tokens else "completed"
                 # Invalid output, or a reply with neither output nor tool calls: corrected.
                 correct = verdict.found or not calls

@@ -153,6 +153,10 @@ class TurnEndData(TypedDict, total=False):
 
 # --- builders, for writers ---------------------------------------------------------------------
 
+    # A suspended turn that asked for structured output: the turn its approvals open asks
+    # for the same, even in another process.
+    output_schema: FrozenDict
+    output_name: str
 
 def turn_start(turn: int) -> FrozenDict:
     return FrozenDict(turn=turn)
@@ -165,6 +169,7 @@ def turn_end(
     fields: dict[str, JSON] = {"turn": turn, "reason": reason}
     if cause is not None:
         fields["cause"] = cause
+    output: tuple[FrozenDict, str] | None = None,
     if error is not None:
         fields["error"] = error
     if usage is not None:
@@ -176,6 +181,8 @@ def turn_end(
 
 def claimed_message(message_id: str, content: Content, source: JSON) -> FrozenDict:
     """The payload of ``user/message`` and ``steering/message``."""
+    if output is not None:
+        fields["output_schema"], fields["output_name"] = output
     return FrozenDict(message_id=message_id, content=content, source=source)
 
 

@@ -11,6 +11,7 @@ import attrs
 import loopback
 import pytest
 import trio
+import trio.testing
 from conftest import OPTIONS, check_history_valid, check_log_invariants
 
 import agentloop
@@ -201,3 +202,88 @@ async def test_a_run_left_before_its_claim_forgets_its_output_spec(
         model.add(reply("fine"))
         assert (await h.agent.ask("hello")).output is None
         assert all(t.name != "final_result" for t in model.requests[0].tools)
+
+
+async def test_calls_beside_a_valid_answer_run_before_the_turn_ends(rt, model) -> None:
+    ran: list[str] = []
+
+    @rt.tools.tool
+    async def save(note: str) -> str:
+        """Save a note."""
+        ran.append(note)
+        return f"saved {note}"
+
+    model.add(reply(tool_calls=[
+        ("save", {"note": "seen"}, "c1"), ("final_result", {"answer": 4}, "c2"),
+    ]))
+    handle = await rt.agents.create(session_id="s", agent_options=OPTIONS)
+    async with handle:
+        with trio.fail_after(10):
+            result = await handle.agent.ask("2 + 2, and note it", output_type=SCHEMA)
+        agent = handle.agent
+    assert result.reason == "completed"
+    assert result.output == {"answer": 4}
+    assert ran == ["seen"]
+    tool_results = {
+        e.data["call_id"]: e.data for e in agent.session.events if e.type == "tool/result"
+    }
+    assert tool_results["c1"]["content"] == "saved seen"
+    assert not tool_results["c1"]["is_error"]
+    # The answer ended the turn: no model call after the tools.
+    assert len(model.requests) == 1
+    check_log_invariants(agent.session.events)
+
+
+async def test_the_turn_an_approval_resumes_asks_for_the_same_output(tmp_path: Path) -> None:
+    from test_persistence import sqlite_config
+
+    db = tmp_path / "s.db"
+    ran: list[str] = []
+
+    def register(rt: agentloop.Context) -> None:
+        @rt.tools.tool
+        async def rm(path: str) -> str:
+            """Remove a path."""
+            ran.append(path)
+            return f"removed {path}"
+
+        rt.events.on(agentloop.events.ToolPreExecute, lambda e: agentloop.Ask("really?"))
+
+    with trio.fail_after(20):
+        async with agentloop.open_runtime(sqlite_config(db)) as rt:
+            register(rt)
+            first = ScriptedModel([reply(tool_calls=[("rm", {"path": "/tmp/x"}, "c1")])])
+            rt.llm.register("scripted", first)
+            handle = await rt.agents.create(session_id="s1", agent_options=OPTIONS)
+            results: list[agentloop.RunResult] = []
+
+            async def ask() -> None:
+                results.append(await handle.agent.ask("clean up, report", output_type=Point))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ask)
+                await trio.testing.wait_all_tasks_blocked()
+                assert handle.agent.pending_approvals
+                # Disposed with the approval pending: the turn is suspended.
+                await handle.aclose()
+        assert [r.reason for r in results] == ["suspended"]
+        [end] = [e for e in handle.agent.session.events if e.type == "turn/end"]
+        assert end.data["output_schema"] == schema_for_type(Point)
+        assert end.data["output_name"] == "Point"
+
+        async with agentloop.open_runtime(sqlite_config(db)) as rt:
+            register(rt)
+            second = ScriptedModel([_final({"x": 1, "y": 2})])
+            rt.llm.register("scripted", second)
+            handle = await rt.agents.resume(resume_session_id="s1", agent_options=OPTIONS)
+            agent = handle.agent
+            assert agent.approve("c1") is True
+            await agent.wait_idle()
+            assert ran == ["/tmp/x"]
+            [request] = second.requests
+            assert any(t.name == "final_result" for t in request.tools)
+            assert _outputs(agent) == [{"x": 1, "y": 2}]
+            ends = [e.data for e in agent.session.events if e.type == "turn/end"]
+            assert [e["reason"] for e in ends] == ["suspended", "completed"]
+            assert "output_schema" not in ends[1]
+            check_log_invariants(agent.session.events)
