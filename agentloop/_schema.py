@@ -664,17 +664,25 @@ def _compile_object(schema: Mapping[str, Any]) -> _Check | None:
     if not required and extra_check is _accept and all(c is _accept for c in checks.values()):
         return None
     allowed = ", ".join(properties) or "none"
+    # The paths of the known fields under the last path seen: a node is nearly always checked
+    # at the same path (the top, for a tool's arguments), and building them is most of a
+    # valid object's cost.
+    cached: list[Any] = [None, {}]
 
     def check(value: object, path: str, out: list[str]) -> None:
         assert isinstance(value, Mapping)
-        out.extend(
-            f"{_join(path, name)}: missing required field" for name in required
-            if name not in value
-        )
+        if required:
+            out.extend(
+                f"{_join(path, name)}: missing required field" for name in required
+                if name not in value
+            )
+        if cached[0] != path:
+            cached[0], cached[1] = path, {name: _join(path, name) for name in checks}
+        paths: dict[str, str] = cached[1]
         for key, item in value.items():
             sub = checks.get(key)
             if sub is not None:
-                sub(item, _join(path, key), out)
+                sub(item, paths[key], out)
             elif extra_check is None:
                 out.append(_at(path, f"unexpected field {key!r} (allowed: {allowed})"))
             else:
@@ -935,7 +943,16 @@ def _coercer_for(tp: Any) -> Callable[[Any], Any] | None:
             return None
     if tp is int:
         return _int_value
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return functools.partial(_enum_value, tp)
     return functools.partial(_coerce, tp)
+
+
+def _enum_value(tp: type[enum.Enum], value: Any) -> Any:
+    try:
+        return tp(value)
+    except ValueError:
+        return value
 
 
 def _int_value(value: Any) -> Any:

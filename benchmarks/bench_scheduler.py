@@ -4,15 +4,19 @@
 
 Times the tool phase of a step (from ``agent/step-result`` to ``agent/turn-continuation``,
 both emitted on the driver around ``run_tool_calls``) for 50 calls of 10 ms and for 50 calls
-of 0 ms, next to a bare trio pool (50 tasks behind a ``CapacityLimiter(10)``) doing the same.
+of 0 ms, next to a bare trio pool (50 tasks behind a ``CapacityLimiter(10)``) doing the same;
+then 50 calls of 0 ms with three arguments (a string, an int sent as ``3.0``, an enum), so that
+parsing, validating and coercing the arguments are in the per-call figure too.
 """
 
 from __future__ import annotations
 
+import enum
 import gc
 import statistics
 import sys
 import time
+from typing import Any
 
 import trio
 
@@ -28,12 +32,24 @@ RUNS = 3
 OPTIONS = agentloop.AgentOptions(provider="scripted", model="bench")
 
 
-async def tool_phase_ns(rt: agentloop.Context, tool: str, session_id: str) -> tuple[int, int]:
+# The arguments of the "with arguments" rows: a string, a number a float must become an int
+# for, and an enum, so that parsing, validation and coercion are all in the figure.
+ARGUMENTS = {"path": "src/agentloop/_scheduler.py", "count": 3.0, "mode": "read"}
+
+
+class Mode(enum.Enum):
+    READ = "read"
+    WRITE = "write"
+
+
+async def tool_phase_ns(
+    rt: agentloop.Context, tool: str, session_id: str, arguments: dict[str, Any] | None = None
+) -> tuple[int, int]:
     """(tool-phase ns, peak concurrency) of one step that makes CALLS calls to ``tool``."""
     marks: list[int] = []
     on_result = rt.events.on(AgentStepResult, lambda e: marks.append(time.perf_counter_ns()))
     on_cont = rt.events.on(AgentTurnContinuation, lambda e: marks.append(time.perf_counter_ns()))
-    model = ScriptedModel([reply(tool_calls=[(tool, {})] * CALLS), reply("done")])
+    model = ScriptedModel([reply(tool_calls=[(tool, arguments or {})] * CALLS), reply("done")])
     unregister = rt.llm.register("scripted", model)
     tracker.reset()
     handle = await rt.agents.create(session_id=session_id, agent_options=OPTIONS)
@@ -105,15 +121,30 @@ async def main() -> None:
             """Yield once."""
             return await tracker.run(0)
 
+        async def sleep0_args(path: str, count: int = 1, mode: Mode = Mode.READ) -> str:
+            """Yield once, with arguments.
+
+            Args:
+                path: a path.
+                count: how many.
+                mode: how.
+            """
+            assert isinstance(count, int)
+            assert isinstance(mode, Mode)
+            return await tracker.run(0)
+
         rt.tools.tool(sleep10, concurrency="parallel")
         rt.tools.tool(sleep0, concurrency="parallel")
+        rt.tools.tool(sleep0_args, concurrency="parallel")
 
         await tool_phase_ns(rt, "sleep0", "warmup")
         rows = []
-        for tool, seconds in (("sleep10", SLEEP), ("sleep0", 0.0)):
+        for tool, seconds, arguments in (
+            ("sleep10", SLEEP, None), ("sleep0", 0.0, None), ("sleep0_args", 0.0, ARGUMENTS),
+        ):
             phases, peaks = [], []
             for run in range(RUNS):
-                ns, peak = await tool_phase_ns(rt, tool, f"{tool}-{run}")
+                ns, peak = await tool_phase_ns(rt, tool, f"{tool}-{run}", arguments)
                 phases.append(ns)
                 peaks.append(peak)
             bare = [await bare_pool_ns(seconds) for _ in range(RUNS)]
