@@ -875,9 +875,17 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                 system = rt.prompt.render(
                     template, provider=config.provider, model=config.model, cwd=self.cwd
                 )
-        attempt = 0
+        planned = config
+        # Per route (provider, model): a call moved to another route counts from 1 there.
+        tries: dict[tuple[str | None, str | None], int] = {}
+        routes: list[str] = []
+        after: FrozenDict | None = None
         while True:
-            attempt += 1
+            key = (config.provider, config.model)
+            attempt = tries[key] = tries.get(key, 0) + 1
+            if f"{key[0]}:{key[1]}" not in routes:
+                routes.append(f"{key[0]}:{key[1]}")
+            policy = None
             failure: ProviderError | None = None
             try:
                 if not config.provider or not config.model:
@@ -887,6 +895,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                         code="INVALID_CONFIG",
                     )
                 prepared = await rt.llm.prepare_call(config)
+                policy = prepared.retry
                 effective = prepared.config
                 route = (effective.provider, effective.model)
                 before = self._sent.get(route)
@@ -898,6 +907,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                         cache_prefix=0 if before is None
                         else self.session.common_prefix(before, messages),
                         rewritten=messages is not history,
+                        after_error=after,
                     ),
                     turn.number,
                 )
@@ -928,14 +938,26 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             decision = None
             if bus.has_handlers(AgentRequestError):
                 decision = await bus.emit(
-                    AgentRequestError(self.id, turn.number, step, attempt, config, failure)
+                    AgentRequestError(
+                        self.id, turn.number, step, attempt, config, failure, policy,
+                        tuple(routes),
+                    )
                 )
             if not isinstance(decision, Retry):
                 raise failure
+            # The next header records the failed call, so the log keeps every attempt.
+            error = freeze_repaired(failure.to_json())[0]
+            assert isinstance(error, FrozenDict)
+            after = _log.failed_call(config.provider, config.model, attempt, error)
+            if decision.config is not None:
+                config = decision.config
             # A handler that retries at once must still let other tasks (and cancel()) in.
             await trio.lowlevel.checkpoint()
+        if config is not planned:
+            # A call moved to another route (a fallback) serves this step only.
+            self._proposal = planned
         # Adapter-filled fields are dropped, so the next step's route fills its own.
-        if prepared.adapter_defaults:
+        elif prepared.adapter_defaults:
             self._proposal = attrs.evolve(
                 effective, **dict.fromkeys(prepared.adapter_defaults)
             )

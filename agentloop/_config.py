@@ -36,6 +36,7 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, overrid
 from ._errors import ConfigError, InvalidContent
 from ._json import FrozenDict, freeze, thaw
 from ._session import validate_session_id
+from .llm._efforts import ANTHROPIC_EFFORT, effort_problem, known_efforts
 
 T = TypeVar("T")
 
@@ -149,9 +150,20 @@ class ProviderConfig:
         _check(
             ("base_url", _non_empty(self.base_url)),
             ("api_key_env", _non_empty(self.api_key_env, optional=True)),
-            ("reasoning_effort", _non_empty(self.reasoning_effort, optional=True)),
+            ("reasoning_effort", _non_empty(self.reasoning_effort, optional=True)
+             or self.effort_problem(self.reasoning_effort)),
             ("max_tokens", _positive(self.max_tokens)),
         )
+
+    def effort_problem(self, effort: str | None) -> str | None:
+        """Whether this provider's adapter would refuse ``effort``: the adapters' own rule,
+        applied when the config is read rather than at the first call."""
+        if effort is None:
+            return None
+        if self.kind == "anthropic":
+            return ANTHROPIC_EFFORT
+        return effort_problem(effort, known_efforts(self.base_url if isinstance(
+            self.base_url, str) else ""))
 
     def resolve_api_key(self, environ: Mapping[str, str]) -> str | None:
         """The explicit ``api_key``, else the value of the ``api_key_env`` variable, else None."""
@@ -240,6 +252,13 @@ class Config:
                 why = f"duplicates agents[{first[agent.id]}].id, got {agent.id!r}"
                 problems.append((f"agents[{i}].id", why))
             first.setdefault(agent.id, i)
+            provider = self.providers.get(agent.provider) if agent.provider else None
+            if isinstance(provider, ProviderConfig):
+                problem = provider.effort_problem(agent.reasoning_effort)
+                if problem is not None:
+                    problems.append(
+                        (f"agents[{i}].reasoning_effort", f"provider {agent.provider!r}: {problem}")
+                    )
         _check(*problems)
 
     @overload

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ._runtime import Runtime
     from ._settings import Settings
     from ._subagents import JobsService, SubagentsService
-    from .llm import ModelAdapter
+    from .llm import ModelAdapter, RetryPolicy
 
 __all__ = ["Context", "EventsFacade", "LLMFacade", "PromptFacade"]
 
@@ -174,13 +174,17 @@ class LLMFacade:
         self._ctx = ctx
         self._service: LLMService = ctx._runtime.llm
 
-    def register(self, provider: str, adapter: ModelAdapter) -> Disposer:
+    def register(
+        self, provider: str, adapter: ModelAdapter, *, retry: RetryPolicy | None = None
+    ) -> Disposer:
         """Serve calls for ``provider`` with ``adapter`` until the scope closes.
 
         An object with a ``stream`` method that is not a :class:`agentloop.llm.ModelAdapter`
-        is accepted too; an object without one raises ``TypeError``.
+        is accepted too; an object without one raises ``TypeError``. ``retry`` (else the
+        adapter's own ``retry``) is this route's retry policy: every failed call it serves
+        carries it to ``agent/request-error`` as ``retry_policy``.
         """
-        return self._ctx.track(self._service.register(provider, adapter))
+        return self._ctx.track(self._service.register(provider, adapter, retry=retry))
 
     def adapter(self, provider: str) -> ModelAdapter | None:
         """The adapter serving ``provider`` now, or ``None``."""

@@ -34,6 +34,7 @@ from ._model import (
     ToolResult,
     ToolSpec,
 )
+from .llm._retry import RetryPolicy
 
 __all__ = [
     "Event",
@@ -133,7 +134,15 @@ class Stop:
 
 @attrs.frozen(slots=True)
 class Retry:
-    """``agent/request-error`` decision: make the failed model call again."""
+    """``agent/request-error`` decision: make the failed model call again.
+
+    With ``config`` the call is made with that config instead (another route: the fallback
+    plugin's answer); the step after it goes back to the config the step proposed.
+    """
+
+    config: CallConfig | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(CallConfig))
+    )
 
 
 @attrs.frozen(slots=True)
@@ -297,7 +306,11 @@ class InboxClaimed(Event):
 
 @attrs.frozen(slots=True)
 class LlmRetry(Event):
-    """A failed model call will be retried after ``delay`` seconds."""
+    """A failed model call will be retried after ``delay`` seconds.
+
+    ``route`` is the ``"provider:model"`` the call moves to (the fallback plugin's), ``None``
+    when it is made again on the same route.
+    """
 
     name: ClassVar[str] = "llm/retry"
     kind: ClassVar[Kind] = "control"
@@ -305,6 +318,7 @@ class LlmRetry(Event):
     attempt: int
     delay: float
     error: ProviderError = attrs.field(eq=False)
+    route: str | None = None
 
 
 @attrs.frozen(slots=True)
@@ -419,7 +433,17 @@ class AgentRequest(Event):
 
 @attrs.frozen(slots=True)
 class AgentRequestError(Event):
-    """A model call failed. Return :class:`Retry` to make it again; otherwise the turn ends."""
+    """A model call failed. Return :class:`Retry` to make it again; otherwise the turn ends.
+
+    ``config`` is the config the call was made with (before the adapter's defaults) and
+    ``error`` the failure: every adapter failure arrives as a :class:`ProviderError`.
+    ``attempt`` numbers the calls on this route (``config``'s provider and model) from 1; a
+    :class:`Retry` that moves the call to another route counts from 1 there. ``routes`` lists
+    the routes (``"provider:model"``) the call has been made on, in order, this one last, so
+    a fallback can try each route once. ``retry_policy`` is the retry policy captured by the
+    registration that served the call (:class:`agentloop.llm.RetryPolicy`), ``None`` when
+    the route had no registration or it carries none.
+    """
 
     name: ClassVar[str] = "agent/request-error"
     kind: ClassVar[Kind] = "hook"
@@ -430,6 +454,8 @@ class AgentRequestError(Event):
     attempt: int
     config: CallConfig
     error: ProviderError = attrs.field(eq=False)
+    retry_policy: RetryPolicy | None = attrs.field(default=None, eq=False)
+    routes: tuple[str, ...] = ()
 
 
 @attrs.frozen(slots=True)

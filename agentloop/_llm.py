@@ -9,10 +9,11 @@ import attrs
 import trio
 
 from ._bus import Disposer, EventBus
-from ._errors import ProviderError
+from ._errors import ConfigError, ProviderError
 from ._events import LlmStream
 from ._model import CallConfig, LLMRequest, StreamPart
-from .llm._base import ModelAdapter, as_adapter
+from .llm._base import ModelAdapter, as_adapter, check_retry
+from .llm._retry import RetryPolicy
 
 __all__ = ["LLMService", "PreparedCall", "Registration"]
 
@@ -22,10 +23,15 @@ _CLOSE_SECONDS: Final = 5.0
 
 @attrs.frozen(eq=False, slots=True)
 class Registration:
-    """One adapter registered for one provider route (identity matters, not value)."""
+    """One adapter registered for one provider route (identity matters, not value).
+
+    ``retry`` is the route's retry policy, fixed at registration: the one given to
+    :meth:`LLMService.register`, else the adapter's own ``retry``.
+    """
 
     provider: str
     adapter: ModelAdapter
+    retry: RetryPolicy | None = None
 
 
 @attrs.frozen(slots=True)
@@ -44,6 +50,11 @@ class PreparedCall:
     registration: Registration | None
     adapter_defaults: tuple[str, ...]
     _service: LLMService = attrs.field(repr=False, eq=False)
+
+    @property
+    def retry(self) -> RetryPolicy | None:
+        """The retry policy captured by the pinned registration (``None`` without one)."""
+        return None if self.registration is None else self.registration.retry
 
     async def open(self, request: LLMRequest, *, agent_id: str) -> AsyncIterator[StreamPart]:
         """The stream of parts for ``request``: an ``llm/stream`` handler's, else the adapter's.
@@ -89,15 +100,21 @@ class LLMService:
         self._bus = bus
         self._routes: dict[str, list[Registration]] = {}
 
-    def register(self, provider: str, adapter: ModelAdapter) -> Disposer:
+    def register(
+        self, provider: str, adapter: ModelAdapter, *, retry: RetryPolicy | None = None
+    ) -> Disposer:
         """Serve calls whose config names ``provider`` with ``adapter``.
 
         An object that is not a :class:`ModelAdapter` but has a ``stream`` method is adopted
         (see :func:`agentloop.llm._base.as_adapter`); anything else raises ``TypeError``.
+        ``retry`` (else the adapter's ``retry``) is captured as the route's retry policy:
+        every failed call this registration served carries it to ``agent/request-error``.
         """
         if not isinstance(provider, str) or not provider:
             raise ValueError(f"provider must be a non-empty string, got {provider!r}")
-        reg = Registration(provider, as_adapter(adapter))
+        check_retry(provider, retry)
+        served = as_adapter(adapter)
+        reg = Registration(provider, served, retry if retry is not None else served.retry)
         self._routes.setdefault(provider, []).append(reg)
 
         def dispose() -> None:
@@ -125,7 +142,9 @@ class LLMService:
         as is, so an ``llm/stream`` handler can still serve it.
 
         Raises:
-            ProviderError: from the adapter's ``validate`` (``code="invalid_config"``, ...).
+            ProviderError: from the adapter's ``validate`` (``code="invalid_config"``, ...);
+                a :class:`ConfigError` it raises (a value of a field it owns that it does not
+                support) becomes ``code="invalid_config"`` with the same message, chained.
         """
         # A cancellation point without a reschedule: the step yields plenty elsewhere.
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -144,8 +163,15 @@ class LLMService:
             filled.append("max_tokens")
         if filled:
             config = attrs.evolve(config, reasoning_effort=effort, max_tokens=max_tokens)
-        reg.adapter.validate(config)
-        return PreparedCall(config, reg, tuple(filled), self)
+        try:
+            reg.adapter.validate(config)
+        except ConfigError as exc:
+            # A call's value, not the deployment's: the call fails, through request-error.
+            failure = ProviderError(str(exc), code="invalid_config")
+            failure.__cause__ = exc
+        else:
+            return PreparedCall(config, reg, tuple(filled), self)
+        raise failure
 
 
 def _adapter_error(exc: Exception, where: str) -> ProviderError:

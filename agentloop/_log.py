@@ -24,7 +24,7 @@ __all__ = [
     "TOOL_APPROVAL_REQUESTED", "TOOL_APPROVAL_ANSWERED", "approval_requested",
     "approval_answered", "ApprovalRequestedData", "ApprovalAnsweredData",
     "HISTORY_REPLACED", "history_replaced", "HistoryReplacedData", "message_json",
-    "USAGE_KEYS", "TurnStartData", "SCHEMA",
+    "USAGE_KEYS", "TurnStartData", "SCHEMA", "failed_call",
 ]
 
 TURN_START: Final = "turn/start"
@@ -73,6 +73,10 @@ class RequestHeaderData(TypedDict, total=False):
     route (provider and model): what a prompt cache may reuse."""
     rewritten: bool
     """An ``agent/request`` handler replaced the messages (for this call only)."""
+    after_error: FrozenDict
+    """This call retries a failed one of the same step: that call's ``provider``, ``model``,
+    ``attempt`` (its number on that route) and ``error`` (``message``, ``status``, ``code``,
+    ...). A different provider or model than this header's is a fallback to another route."""
 
 
 class HistoryReplacedData(TypedDict, total=False):
@@ -149,14 +153,14 @@ class TurnEndData(TypedDict, total=False):
     error: FrozenDict
     usage: FrozenDict
     detail: str
-
-
-# --- builders, for writers ---------------------------------------------------------------------
-
     # A suspended turn that asked for structured output: the turn its approvals open asks
     # for the same, even in another process.
     output_schema: FrozenDict
     output_name: str
+
+
+# --- builders, for writers ---------------------------------------------------------------------
+
 
 def turn_start(turn: int) -> FrozenDict:
     return FrozenDict(turn=turn)
@@ -165,30 +169,31 @@ def turn_start(turn: int) -> FrozenDict:
 def turn_end(
     turn: int, reason: str, *, cause: str | None = None, error: FrozenDict | None = None,
     usage: FrozenDict | None = None, detail: str | None = None,
+    output: tuple[FrozenDict, str] | None = None,
 ) -> FrozenDict:
     fields: dict[str, JSON] = {"turn": turn, "reason": reason}
     if cause is not None:
         fields["cause"] = cause
-    output: tuple[FrozenDict, str] | None = None,
     if error is not None:
         fields["error"] = error
     if usage is not None:
         fields["usage"] = usage
     if detail:
         fields["detail"] = detail
+    if output is not None:
+        fields["output_schema"], fields["output_name"] = output
     return FrozenDict(fields)
 
 
 def claimed_message(message_id: str, content: Content, source: JSON) -> FrozenDict:
     """The payload of ``user/message`` and ``steering/message``."""
-    if output is not None:
-        fields["output_schema"], fields["output_name"] = output
     return FrozenDict(message_id=message_id, content=content, source=source)
 
 
 def request_header(
     step: int, config: FrozenDict, adapter_defaults: tuple[str, ...],
     *, messages: int | None = None, cache_prefix: int | None = None, rewritten: bool = False,
+    after_error: FrozenDict | None = None,
 ) -> FrozenDict:
     fields: dict[str, JSON] = {
         "step": step,
@@ -203,7 +208,16 @@ def request_header(
         fields["cache_prefix"] = cache_prefix
     if rewritten:
         fields["rewritten"] = True
+    if after_error is not None:
+        fields["after_error"] = after_error
     return FrozenDict(fields)
+
+
+def failed_call(
+    provider: str | None, model: str | None, attempt: int, error: FrozenDict
+) -> FrozenDict:
+    """The ``after_error`` of the ``request/header`` that retries a failed call."""
+    return FrozenDict(provider=provider, model=model, attempt=attempt, error=error)
 
 
 def text_chunk(step: int, kind: str, delta: str, *, repaired: bool = False) -> FrozenDict:

@@ -596,10 +596,10 @@ async def test_max_tokens_from_config_and_defaults() -> None:
 
 
 def test_defaults_keep_the_max_tokens_fallback() -> None:
-    adapter = AnthropicAdapter(
-        "https://api.anthropic.com/v1", defaults=AdapterDefaults(reasoning_effort="low")
-    )
-    assert adapter.defaults == AdapterDefaults(reasoning_effort="low", max_tokens=4096)
+    adapter = AnthropicAdapter("https://api.anthropic.com/v1", defaults=AdapterDefaults())
+    assert adapter.defaults == AdapterDefaults(max_tokens=4096)
+    adapter = AnthropicAdapter("https://api.anthropic.com", defaults=AdapterDefaults(max_tokens=9))
+    assert adapter.defaults == AdapterDefaults(max_tokens=9)
 
 
 async def test_consecutive_steps_share_a_byte_identical_prefix() -> None:

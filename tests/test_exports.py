@@ -39,7 +39,7 @@ EXPECTED = {
     agentloop.llm: {
         "OpenAIChatAdapter", "OpenAIResponsesAdapter", "AnthropicAdapter", "ModelAdapter",
         "AdapterDefaults", "LLMRequest", "TextDelta", "ReasoningDelta", "ToolCallDelta", "Finish",
-        "ProviderError",
+        "ProviderError", "RetryPolicy", "is_retryable",
     },
     agentloop.events: {
         "Event", "ALL_EVENTS", "Lagged", "SessionEventAppended", "SessionFlush",

@@ -14,8 +14,16 @@ import agentloop
 from agentloop import events as ev
 from agentloop._bus import EventBus
 from agentloop._llm import LLMService
-from agentloop.llm import AdapterDefaults, Finish, LLMRequest, ModelAdapter, TextDelta
-from agentloop.testing import FunctionModel, ProviderError, ScriptedModel, reply
+from agentloop.llm import (
+    AdapterDefaults,
+    Finish,
+    LLMRequest,
+    ModelAdapter,
+    OpenAIChatAdapter,
+    RetryPolicy,
+    TextDelta,
+)
+from agentloop.testing import FunctionModel, ProviderError, ScriptedModel, block_network, reply
 
 ALLOWED = ("stop", "tool_calls", "max_tokens", "content_filter", "refusal", "error")
 
@@ -269,3 +277,95 @@ async def test_a_function_models_unknown_reason_ends_the_turn_with_an_error(
     assert end["error"]["code"] == "adapter_error"
     assert "ValueError" in end["error"]["message"]
     assert of_type(handle.agent, "assistant/message") == []
+
+
+# --- the retry policy a registration captures ---------------------------------------------
+
+
+async def test_a_registration_captures_the_retry_policy_and_the_prepared_call_keeps_it() -> None:
+    service = LLMService(EventBus())
+    own = RetryPolicy(max_attempts=2)
+    given = RetryPolicy(max_attempts=9)
+    adapter = Recording(AdapterDefaults())
+    adapter.retry = own
+    service.register("p", adapter)
+    first = await service.prepare_call(agentloop.CallConfig(provider="p", model="m"))
+    assert first.retry is own
+    service.register("p", adapter, retry=given)  # a re-registration: the latest wins
+    second = await service.prepare_call(agentloop.CallConfig(provider="p", model="m"))
+    assert second.retry is given
+    assert first.retry is own  # pinned with its registration
+    service.register("q", Recording(AdapterDefaults()))
+    third = await service.prepare_call(agentloop.CallConfig(provider="q", model="m"))
+    assert third.retry is None
+    unserved = await service.prepare_call(agentloop.CallConfig(provider="r", model="m"))
+    assert unserved.retry is None
+
+
+async def test_an_adopted_objects_retry_is_captured_too() -> None:
+    service = LLMService(EventBus())
+    bare = StreamOnly()
+    bare.retry = RetryPolicy(max_attempts=3)  # type: ignore[attr-defined]
+    service.register("p", bare)  # type: ignore[arg-type]
+    prepared = await service.prepare_call(agentloop.CallConfig(provider="p", model="m"))
+    assert prepared.retry == RetryPolicy(max_attempts=3)
+
+
+def test_a_retry_that_is_not_a_policy_is_refused_at_registration() -> None:
+    service = LLMService(EventBus())
+    with pytest.raises(TypeError, match="retry must be a RetryPolicy"):
+        service.register("p", Recording(AdapterDefaults()), retry={"max_attempts": 2})  # type: ignore[arg-type]
+    adapter = Recording(AdapterDefaults())
+    adapter.retry = 3  # type: ignore[assignment]
+    with pytest.raises(TypeError, match="retry must be a RetryPolicy"):
+        service.register("p", adapter)
+
+
+# --- adapter-owned fields -------------------------------------------------------------------
+
+
+class Picky(Recording):
+    """Owns reasoning_effort: only "low" and "high"."""
+
+    def validate(self, config: agentloop.CallConfig) -> None:
+        super().validate(config)
+        if config.reasoning_effort not in (None, "low", "high"):
+            raise agentloop.ConfigError(
+                f"provider {config.provider!r}: reasoning_effort "
+                f"{config.reasoning_effort!r} is not supported; allowed: low, high"
+            )
+
+
+async def test_an_adapters_config_error_is_a_failed_call_with_invalid_config() -> None:
+    service = LLMService(EventBus())
+    service.register("p", Picky(AdapterDefaults()))
+    with pytest.raises(ProviderError) as info:
+        await service.prepare_call(
+            agentloop.CallConfig(provider="p", model="m", reasoning_effort="max")
+        )
+    assert info.value.code == "invalid_config"
+    assert "'p'" in info.value.message and "allowed: low, high" in info.value.message
+    assert isinstance(info.value.__cause__, agentloop.ConfigError)
+
+
+async def test_a_refused_per_agent_value_ends_the_turn_with_a_clear_error(
+    rt: agentloop.Context,
+) -> None:
+    rt.llm.register("openai", OpenAIChatAdapter("https://api.openai.com/v1", api_key="k"))
+    seen: list[ev.AgentRequestError] = []
+    rt.events.on(ev.AgentRequestError, seen.append)
+    handle = await rt.agents.create(session_id="s1", agent_options=agentloop.AgentOptions(
+        provider="openai", model="gpt-5", reasoning_effort="extreme"))
+    async with handle:
+        with block_network():
+            handle.agent.followup("hi")
+            await handle.agent.wait_idle()
+        assert turn_ends(handle.agent) == ["error"]
+        error = of_type(handle.agent, "turn/end")[0].data["error"]
+    assert error["code"] == "invalid_config"
+    assert error["message"] == (
+        "provider 'openai' (the openai adapter at https://api.openai.com/v1): reasoning_effort "
+        "'extreme' is not supported; allowed: none, minimal, low, medium, high, xhigh"
+    )
+    assert [e.error.code for e in seen] == ["invalid_config"]
+    assert of_type(handle.agent, "request/header") == []  # refused before anything was sent

@@ -197,6 +197,91 @@ def test_chat_reasoning_and_tool_calls_replay_byte_identical(
     assert dumps(message.get("tool_calls", [])) == dumps(expected)
 
 
+# --- OpenRouter reasoning_details ----------------------------------------------------------
+
+DETAIL_FORMATS = st.sampled_from(
+    ["anthropic-claude-v1", "openai-responses-v1", "google-gemini-v1", "unknown"]
+)
+
+
+@st.composite
+def openrouter_detail(draw: st.DrawFn, index: int) -> tuple[list[dict[str, Any]], Any, str]:
+    """One detail at ``index``: its fragments (as deltas), the merged object and its text."""
+    kind = draw(st.sampled_from(["reasoning.text", "reasoning.summary", "reasoning.encrypted"]))
+    head: dict[str, Any] = {"type": kind}
+    if draw(st.booleans()):
+        head["id"] = f"rd_{index}"
+    head["format"] = draw(DETAIL_FORMATS)
+    head["index"] = index
+    if kind == "reasoning.encrypted":
+        pieces = draw(split(draw(OPAQUE)))
+        key, shown = "data", ""
+    else:
+        pieces = draw(split(draw(TEXT)))
+        key = "text" if kind == "reasoning.text" else "summary"
+        shown = "".join(pieces)
+    # The first fragment carries every field; later ones only the type, text and index.
+    fragments = [{**head, key: pieces[0]}]
+    fragments += [{"type": kind, key: piece, "index": index} for piece in pieces[1:]]
+    # Merged: keys in the order first seen, text joined, later non-null values winning.
+    merged = {**head, key: "".join(pieces)}
+    if kind == "reasoning.text" and draw(st.booleans()):
+        signature = draw(OPAQUE)
+        fragments.append({"type": kind, key: "", "signature": signature, "index": index})
+        merged["signature"] = signature
+    return fragments, merged, shown
+
+
+@st.composite
+def openrouter_replies(draw: st.DrawFn) -> tuple[bytes, list[Any], str, list[Any]]:
+    chunks = [_chunk({"role": "assistant"})]
+    details: list[Any] = []
+    shown = []
+    plain = draw(st.booleans())  # OpenRouter also sends the text as plain `reasoning`
+    for index in range(draw(st.integers(0, 3))):
+        fragments, merged, text = draw(openrouter_detail(index))
+        for fragment in fragments:
+            delta: dict[str, Any] = {"reasoning_details": [fragment]}
+            piece = fragment.get("text", fragment.get("summary"))
+            if plain and fragment["type"] != "reasoning.encrypted" and piece:
+                delta["reasoning"] = piece
+            chunks.append(_chunk(delta))
+        details.append(merged)
+        shown.append(text)
+    text = draw(st.lists(TEXT, max_size=2))
+    chunks += [_chunk({"content": t}) for t in text]
+    calls = draw(tool_calls("call_"))
+    expected_calls = []
+    for position, (call_id, name, arguments, pieces) in enumerate(calls):
+        chunks.append(_chunk({"tool_calls": [{"index": position, "id": call_id, "type": "function",
+                                              "function": {"name": name, "arguments": ""}}]}))
+        chunks += [_chunk({"tool_calls": [{"index": position, "function": {"arguments": p}}]})
+                   for p in pieces]
+        expected_calls.append({"id": call_id, "type": "function",
+                               "function": {"name": name, "arguments": dumps(arguments)}})
+    chunks.append(_chunk({}, "tool_calls" if calls else "stop"))
+    return loopback.sse(*chunks, done=True), details, "".join(shown), expected_calls
+
+
+@given(openrouter_replies())
+def test_openrouter_reasoning_details_replay_byte_identical(
+    reply: tuple[bytes, list[Any], str, list[Any]],
+) -> None:
+    body, details, shown, calls = reply
+    if not details and not calls and b'"content"' not in body:
+        return
+    sent = roundtrip(lambda url: OpenAIChatAdapter(url, api_key="k", reasoning_details=True),
+                     body)
+    message = sent["messages"][1]
+    assert dumps(message.get("reasoning_details", [])) == dumps(details)
+    assert "reasoning" not in message
+    assert dumps(message.get("tool_calls", [])) == dumps(calls)
+    # Any other chat provider gets the text form, and no opaque data.
+    other = roundtrip(lambda url: OpenAIChatAdapter(url, api_key="k"), body)["messages"][1]
+    assert "reasoning_details" not in other
+    assert other.get("reasoning_content") == (shown or None)
+
+
 # --- OpenAI Responses -----------------------------------------------------------------------
 
 

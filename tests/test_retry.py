@@ -527,3 +527,118 @@ def test_policies_compare_by_settings_not_by_random_source() -> None:
     assert agentloop_retry.RetryPolicy(max_attempts=2) != agentloop_retry.RetryPolicy()
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         agentloop_retry.RetryPolicy().max_attempts = 3  # type: ignore[misc]
+
+
+# --- which policy: the registration's, the route's, the default -------------------------------
+
+
+async def test_the_policy_the_registration_captured_is_carried_and_wins(
+    autojump_clock: MockClock,
+) -> None:
+    captured = agentloop_retry.RetryPolicy(max_attempts=2, base_delay=7.0, jitter=False)
+    model = ScriptedModel([ProviderError("boom", status=500)] * 4 + ["ok"])
+    model.retry = captured
+    seen: list[AgentRequestError] = []
+    plugin = agentloop_retry.retry(
+        max_attempts=5, jitter=False,
+        routes={"scripted": agentloop_retry.RetryPolicy(max_attempts=4, jitter=False)},
+    )
+
+    async with agentloop.open_runtime(plugins=[plugin]) as rt:
+        rt.llm.register("scripted", model)
+        rt.events.on(AgentRequestError, seen.append, priority=1000)
+        handle = await rt.agents.create(session_id="s1", agent_options=OPTIONS)
+        async with handle:
+            with trio.fail_after(GUARD):
+                handle.agent.followup("hi")
+                await handle.agent.wait_idle()
+            ends = [e for e in handle.agent.session.events if e.type == "turn/end"]
+
+    assert ends[-1].data["reason"] == "error"
+    assert len(model.requests) == 2
+    assert [e.retry_policy for e in seen] == [captured, captured]
+    assert all(e.retry_policy is captured for e in seen)
+    assert [e.routes for e in seen] == [("scripted:m",), ("scripted:m",)]
+
+
+async def test_a_route_policy_beats_the_default(autojump_clock: MockClock) -> None:
+    model = ScriptedModel([ProviderError("boom", status=500)] * 4 + ["ok"])
+    plugin = agentloop_retry.retry(
+        max_attempts=5, routes={"scripted": agentloop_retry.RetryPolicy(max_attempts=3)}
+    )
+    run = await drive([plugin], model)
+    assert run.turn_end["reason"] == "error"
+    assert len(model.requests) == 3
+
+
+async def test_route_tables_take_their_unset_keys_from_the_retry_table(
+    autojump_clock: MockClock,
+) -> None:
+    model = ScriptedModel([ProviderError("boom", status=500)] * 4 + ["ok"])
+    config = {
+        "plugins": ["retry"],
+        "retry": {
+            "max_attempts": 5, "base_delay": 3, "jitter": False,
+            "routes": {"scripted": {"max_attempts": 2}, "other": {"base_delay": 9}},
+        },
+    }
+    run = await drive([], model, config)
+    assert run.turn_end["reason"] == "error"
+    assert len(model.requests) == 2
+    assert run.delays == [3.0]
+
+    other = ScriptedModel([ProviderError("boom", status=500)] * 2 + ["ok"])
+    async with agentloop.open_runtime(config) as rt:
+        rt.llm.register("other", other)
+        handle = await rt.agents.create(
+            session_id="s1", agent_options=agentloop.AgentOptions(provider="other", model="m")
+        )
+        async with handle:
+            started = trio.current_time()
+            with trio.fail_after(GUARD):
+                handle.agent.followup("hi")
+                await handle.agent.wait_idle()
+            # base_delay 9 from the route table, doubling: 9 + 18.
+            assert trio.current_time() - started == pytest.approx(27.0)
+    assert len(other.requests) == 3
+
+
+async def test_a_call_without_a_registration_carries_no_policy(
+    autojump_clock: MockClock,
+) -> None:
+    seen: list[AgentRequestError] = []
+    async with agentloop.open_runtime() as rt:
+        rt.events.on(AgentRequestError, seen.append)
+        handle = await rt.agents.create(
+            session_id="s1", agent_options=agentloop.AgentOptions(provider="nowhere", model="m")
+        )
+        async with handle:
+            handle.agent.followup("hi")
+            await handle.agent.wait_idle()
+    assert [(e.error.code, e.retry_policy) for e in seen] == [("NO_ADAPTER", None)]
+
+
+@pytest.mark.parametrize(
+    ("table", "problem"),
+    [
+        ({"routes": {"a": {"base_delay": 0}}}, "retry.routes.a.base_delay: must be a positive"),
+        ({"routes": {"a": {"max_delay": 0.5}}}, "retry.routes.a.max_delay: must be >= base_delay"),
+        ({"routes": {"a": {"max_attempt": 1}}}, "retry.routes.a.max_attempt: unknown key; did"),
+        ({"routes": {"a": {"jitter": "x"}}}, "retry.routes.a.jitter: expected true or false"),
+        ({"routes": {"a": {"rng": 1}}}, "retry.routes.a.rng: unknown key"),
+        ({"routes": 3}, "retry.routes: expected a table"),
+        ({"max_attempts": -1}, "retry.max_attempts: must be an integer >= 0"),
+    ],
+)
+async def test_an_invalid_route_table_fails_the_runtime_start(
+    table: dict[str, Any], problem: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        async with agentloop.open_runtime({"plugins": ["retry"], "retry": table}):
+            pass
+    assert problem in str(info.value)
+
+
+def test_route_policies_must_be_policies() -> None:
+    with pytest.raises(TypeError, match="routes\\['a'\\] must be a RetryPolicy"):
+        agentloop_retry.retry(routes={"a": 3})  # type: ignore[dict-item]

@@ -4,7 +4,8 @@
 llama.cpp's server, Ollama); ``OpenAIResponsesAdapter`` speaks OpenAI's Responses API;
 ``AnthropicAdapter`` speaks the Messages API. Other providers
 subclass ``ModelAdapter``; an object that only has a ``stream(request)`` method returning an
-async iterator of parts is accepted too.
+async iterator of parts is accepted too. ``RetryPolicy`` is what a provider registration
+may carry to ``agent/request-error`` for the retry plugin.
 """
 
 from .._errors import ProviderError as ProviderError
@@ -18,6 +19,8 @@ from ._base import AdapterDefaults as AdapterDefaults
 from ._base import ModelAdapter as ModelAdapter
 from ._openai import OpenAIChatAdapter as OpenAIChatAdapter
 from ._responses import OpenAIResponsesAdapter as OpenAIResponsesAdapter
+from ._retry import RetryPolicy as RetryPolicy
+from ._retry import is_retryable as is_retryable
 
 __all__ = [
     "OpenAIChatAdapter",
@@ -31,4 +34,6 @@ __all__ = [
     "ToolCallDelta",
     "Finish",
     "ProviderError",
+    "RetryPolicy",
+    "is_retryable",
 ]

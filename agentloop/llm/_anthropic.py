@@ -23,6 +23,8 @@ from .._model import (
     ToolSpec,
 )
 from ._base import AdapterDefaults
+from ._efforts import ANTHROPIC_EFFORT
+from ._retry import RetryPolicy
 from ._wire import HTTPStreamAdapter, SSEEvent, dumps, error_fields, int_counters, parse_event_json
 
 __all__ = ["AnthropicAdapter", "CacheBreakpoint"]
@@ -61,6 +63,7 @@ class AnthropicAdapter(HTTPStreamAdapter):
             system prompt), ``"tools"`` (the last tool) and ``"history"`` (the last block of
             the last history message, which every later step of the session repeats).
         cache_ttl: ``"5m"`` or ``"1h"``; unset uses the API's default (5 minutes).
+        retry: the provider's retry policy, captured when the adapter is registered.
 
     Every ``thinking`` and ``redacted_thinking`` block streams as its own reasoning block
     (format ``"anthropic"``; the signature as a reasoning part with empty text, a redacted
@@ -69,8 +72,10 @@ class AnthropicAdapter(HTTPStreamAdapter):
     reasoning without a signature is not sent (the API refuses it). Cache reads and writes
     are reported as ``cache_read_tokens`` and ``cache_write_tokens`` beside the API's own
     counters.
-    ``reasoning_effort`` has no direct equivalent here; pass ``thinking`` through
-    ``config.extra``, which is merged into the request body last. A ``stop_reason`` this
+    ``reasoning_effort`` has no equivalent here and is refused (a
+    :class:`agentloop.ConfigError` naming the provider and ``thinking``, for ``defaults``
+    when the adapter is built and for a call in :meth:`validate`); pass ``thinking``
+    through ``config.extra``, which is merged into the request body last. A ``stop_reason`` this
     adapter does not know (``pause_turn`` of server tools, ...) finishes the call with
     ``"error"``.
     """
@@ -89,9 +94,11 @@ class AnthropicAdapter(HTTPStreamAdapter):
         defaults: AdapterDefaults | None = None,
         cache: Collection[CacheBreakpoint] = (),
         cache_ttl: Literal["5m", "1h"] | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         super().__init__(
-            base_url, api_key=api_key, headers=headers, client=client, defaults=defaults
+            base_url, api_key=api_key, headers=headers, client=client, defaults=defaults,
+            retry=retry,
         )
         if isinstance(cache, str) or not set(cache) <= _BREAKPOINTS:
             raise ConfigError(
@@ -113,6 +120,9 @@ class AnthropicAdapter(HTTPStreamAdapter):
 
     def _url(self) -> str:
         return self._endpoint
+
+    def _effort_problem(self, effort: str | None) -> str | None:
+        return None if effort is None else f"reasoning_effort {effort!r}: {ANTHROPIC_EFFORT}"
 
     def validate(self, config: CallConfig) -> None:
         """Also refuse a call without ``max_tokens``, which the Messages API requires."""

@@ -15,8 +15,9 @@ from .._model import (
     _non_empty_str_or_none,
     _positive_int_or_none,
 )
+from ._retry import RetryPolicy
 
-__all__ = ["ModelAdapter", "AdapterDefaults", "as_adapter"]
+__all__ = ["ModelAdapter", "AdapterDefaults", "as_adapter", "check_retry"]
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -55,6 +56,11 @@ class ModelAdapter(abc.ABC):
     defaults: AdapterDefaults = _NO_DEFAULTS
     """Values filled into unset config fields (``max_tokens``, ``reasoning_effort``)."""
 
+    retry: RetryPolicy | None = None
+    """The retry policy of this provider's calls, captured when the adapter is registered
+    (unless the registration gives its own) and carried by ``agent/request-error``; the
+    retry plugin prefers it to its own per-route and default policies."""
+
     supports_json_schema: ClassVar[bool] = False
     """Whether :meth:`stream` honours ``LLMRequest.output_schema`` (a native JSON-schema
     response format); when not, structured output goes through a ``final_result`` tool."""
@@ -68,9 +74,13 @@ class ModelAdapter(abc.ABC):
         """The parts of one call, ending with one :class:`Finish`."""
 
     def validate(self, config: CallConfig) -> None:  # noqa: B027 - optional, not abstract
-        """Raise ``ProviderError(code="invalid_config")`` when ``config`` cannot be served.
+        """Refuse a ``config`` this adapter cannot serve.
 
-        ``config`` already has :attr:`defaults` filled in. Accepting everything is the default.
+        ``config`` already has :attr:`defaults` filled in. Raise :class:`agentloop.ConfigError`
+        for a value of a field the adapter owns that it does not support (naming the
+        provider, the field and the allowed values), or ``ProviderError(code=
+        "invalid_config")``; the runtime reports either as a failed call with code
+        ``invalid_config``. Accepting everything is the default.
         """
 
 
@@ -86,9 +96,11 @@ class _Adopted(ModelAdapter):
         stream: Callable[[LLMRequest], AsyncIterator[StreamPart]],
         defaults: AdapterDefaults,
         validate: Callable[[CallConfig], object] | None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         self.wrapped = wrapped
         self.defaults = defaults
+        self.retry = retry
         self._stream = stream
         self._validate = validate
 
@@ -107,12 +119,13 @@ def as_adapter(candidate: object) -> ModelAdapter:
     """``candidate`` as a :class:`ModelAdapter`, checked once, when it is registered.
 
     A subclass is returned as it is. Any other object with a callable ``stream`` is wrapped,
-    keeping its own ``defaults`` and ``validate`` if it has them (read now, not per call);
-    the wrapper's ``wrapped`` is the object. Anything else raises ``TypeError``.
+    keeping its own ``defaults``, ``validate`` and ``retry`` if it has them (read now, not
+    per call); the wrapper's ``wrapped`` is the object. Anything else raises ``TypeError``.
     """
     if isinstance(candidate, ModelAdapter):
         if not isinstance(candidate.defaults, AdapterDefaults):
             raise TypeError(_bad_defaults(candidate, candidate.defaults))
+        check_retry(candidate, candidate.retry)
         return candidate
     stream = getattr(candidate, "stream", None)
     if not callable(stream):
@@ -125,7 +138,15 @@ def as_adapter(candidate: object) -> ModelAdapter:
     validate = getattr(candidate, "validate", None)
     if validate is not None and not callable(validate):
         raise TypeError(f"{candidate!r}: validate must be a method, got {validate!r}")
-    return _Adopted(candidate, stream, defaults, validate)
+    retry = getattr(candidate, "retry", None)
+    check_retry(candidate, retry)
+    return _Adopted(candidate, stream, defaults, validate, retry)
+
+
+def check_retry(owner: object, retry: object) -> None:
+    """Raise ``TypeError`` unless ``retry`` is a :class:`RetryPolicy` or ``None``."""
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise TypeError(f"{owner!r}: retry must be a RetryPolicy or None, got {retry!r}")
 
 
 def _bad_defaults(adapter: object, defaults: object) -> str:

@@ -23,11 +23,20 @@ from .._model import (
     content_text,
 )
 from ._base import AdapterDefaults
+from ._efforts import AllowedEfforts
+from ._retry import RetryPolicy
 from ._wire import HTTPStreamAdapter, SSEEvent, dumps, error_fields, int_counters, parse_event_json
 
 __all__ = ["OpenAIChatAdapter"]
 
 FORMAT = "openai-chat"
+# OpenRouter's reasoning_details: replayed only to OpenRouter, so a format of their own.
+OPENROUTER = "openrouter"
+# The detail types whose text streams as reasoning (the rest, encrypted data, stays opaque).
+_DETAIL_TEXT = {"reasoning.text": "text", "reasoning.summary": "summary"}
+_OPAQUE_TEXT = ("text", "summary", "data")
+# Detail blocks come after the reasoning text's (0) and the tool calls' signatures (1 + i).
+_DETAIL_BLOCK = 1_000_000
 # Where compatible servers put reasoning: DeepSeek and llama.cpp, then vLLM >= 0.10 and
 # OpenRouter. A server that sends both repeats the same text, so the first one wins.
 _REASONING_FIELDS = ("reasoning_content", "reasoning")
@@ -57,11 +66,29 @@ class OpenAIChatAdapter(HTTPStreamAdapter):
         tool_call_reasoning: send ``reasoning_content`` (empty when there was none) on every
             assistant message with tool calls, which DeepSeek's thinking mode requires. By
             default on for ``api.deepseek.com``, off elsewhere.
+        reasoning_efforts: the ``reasoning_effort`` values to accept, or ``"any"``. By
+            default the documented set of a service known by its host (OpenAI and Azure
+            OpenAI: ``none``, ``minimal``, ``low``, ``medium``, ``high``, ``xhigh``;
+            OpenRouter: those and ``max``), and any value for every other server, whose
+            own values (vLLM's, a proxy's) must keep working. A value outside the set
+            raises :class:`agentloop.ConfigError` naming the provider, the field and the
+            allowed values.
+        reasoning_details: send OpenRouter's ``reasoning_details`` back verbatim. By default
+            on for ``openrouter.ai``; elsewhere such blocks go back as reasoning text.
+        retry: the provider's retry policy, captured when the adapter is registered and
+            carried by ``agent/request-error`` (see the retry plugin).
 
     ``reasoning_content`` deltas (DeepSeek, llama.cpp) and ``reasoning`` deltas (vLLM,
     OpenRouter) become one reasoning block (format ``"openai-chat"``, the field's name in its
     fields), sent back under the same field unchanged; reasoning from another provider is sent
-    as ``reasoning_content``. Cached prompt tokens are reported as ``cache_read_tokens``
+    as ``reasoning_content``. OpenRouter's ``reasoning_details`` (``reasoning.text``,
+    ``reasoning.summary``, ``reasoning.encrypted`` objects, streamed in fragments that share an
+    ``index``) become one block per detail (format ``"openrouter"``): the text or summary
+    streams as reasoning, the fragments are merged (``text``, ``summary`` and ``data``
+    concatenated, any other key the latest non-null value, keys in the order first seen), and
+    the merged objects go back as ``reasoning_details``, in order, to OpenRouter (see
+    ``reasoning_details``); once a reply has them, its plain ``reasoning`` deltas, which repeat
+    the same text, are not read. Cached prompt tokens are reported as ``cache_read_tokens``
     beside the server's own counters. Tool-call deltas without an ``index`` (Gemini) are
     told apart by their ids, a tool call's ``extra_content`` (Gemini's thought signature) is
     kept and sent back on that call, and ``finish_reason: "stop"`` after tool calls (a
@@ -84,14 +111,21 @@ class OpenAIChatAdapter(HTTPStreamAdapter):
         client: httpx.AsyncClient | None = None,
         defaults: AdapterDefaults | None = None,
         tool_call_reasoning: bool | None = None,
+        reasoning_efforts: AllowedEfforts = None,
+        reasoning_details: bool | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         super().__init__(
-            base_url, api_key=api_key, headers=headers, client=client, defaults=defaults
+            base_url, api_key=api_key, headers=headers, client=client, defaults=defaults,
+            retry=retry, reasoning_efforts=reasoning_efforts,
         )
+        host = (urlsplit(self.base_url).hostname or "").lower()
         if tool_call_reasoning is None:
-            host = urlsplit(self.base_url).hostname or ""
             tool_call_reasoning = host == "deepseek.com" or host.endswith(".deepseek.com")
         self.tool_call_reasoning = tool_call_reasoning
+        if reasoning_details is None:
+            reasoning_details = host == "openrouter.ai" or host.endswith(".openrouter.ai")
+        self.reasoning_details = reasoning_details
 
     def _auth_headers(self, api_key: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {api_key}"}
@@ -101,8 +135,8 @@ class OpenAIChatAdapter(HTTPStreamAdapter):
         messages: list[dict[str, Any]] = []
         if request.system:
             messages.append({"role": "system", "content": request.system})
-        pad = self.tool_call_reasoning
-        messages.extend(_message(message, pad) for message in request.messages)
+        pad, details = self.tool_call_reasoning, self.reasoning_details
+        messages.extend(_message(message, pad, details) for message in request.messages)
         body: dict[str, Any] = {"model": config.model, "messages": messages}
         if request.tools:
             body["tools"] = [_tool(spec) for spec in request.tools]
@@ -130,7 +164,7 @@ class OpenAIChatAdapter(HTTPStreamAdapter):
         return _ChatDecoder()
 
 
-def _message(message: Message, pad: bool = False) -> dict[str, Any]:
+def _message(message: Message, pad: bool = False, details: bool = False) -> dict[str, Any]:
     if message.role == "user":
         content = message.content
         return {"role": "user", "content": content if isinstance(content, str) else list(content)}
@@ -145,8 +179,12 @@ def _message(message: Message, pad: bool = False) -> dict[str, Any]:
         extras = _call_extras(message)
         out["tool_calls"] = [_tool_call(call, extras.get(call.id)) for call in message.tool_calls]
     own = False
+    replayed = _details(message) if details else []
+    if replayed:
+        out["reasoning_details"] = replayed
+        own = True
     for block in message.reasoning_blocks:
-        if block.get("format") == FORMAT:
+        if block.get("format") == FORMAT and not replayed:
             fields = block.get("fields") or {}
             if "extra_content" in fields:
                 continue  # a tool call's, sent with it
@@ -158,6 +196,20 @@ def _message(message: Message, pad: bool = False) -> dict[str, Any]:
         out["reasoning_content"] = message.reasoning
     if pad and message.tool_calls and "reasoning_content" not in out:
         out["reasoning_content"] = ""
+    return out
+
+
+def _details(message: Message) -> list[Any]:
+    """OpenRouter's ``reasoning_details`` of ``message``, exactly as they streamed in."""
+    out: list[Any] = []
+    for block in message.reasoning_blocks:
+        if block.get("format") != OPENROUTER:
+            continue
+        fields = block.get("fields") or {}
+        detail = fields.get("detail")
+        if isinstance(detail, Mapping):
+            key, text = fields.get("text_key"), block.get("text", "")
+            out.append({k: text if k == key else v for k, v in detail.items()})
     return out
 
 
@@ -222,6 +274,8 @@ class _ChatDecoder:
         self._reasoning_field: str | None = None
         self._ids: dict[str, int] = {}  # call id -> index
         self._last_index: int | None = None
+        # OpenRouter detail index -> the detail merged so far (its streamed text key empty)
+        self._details: dict[int, dict[str, Any]] = {}
 
     def feed(self, event: SSEEvent) -> list[StreamPart]:
         data = event.data.strip()
@@ -251,8 +305,15 @@ class _ChatDecoder:
         if not isinstance(delta, Mapping):
             return []
         parts: list[StreamPart] = []
+        details = delta.get("reasoning_details")
+        if isinstance(details, list) and details:
+            for detail in details:
+                if isinstance(detail, Mapping):
+                    self._detail(detail, parts)
         field = self._reasoning_field
-        if field is not None:
+        if self._details:
+            pass  # the details carry the reasoning; the plain field repeats it
+        elif field is not None:
             reasoning = delta.get(field)
             if isinstance(reasoning, str) and reasoning:
                 parts.append(ReasoningDelta(reasoning))
@@ -279,6 +340,40 @@ class _ChatDecoder:
                 if isinstance(call, Mapping):
                     self._tool_delta(position, call, parts)
         return parts
+
+    def _detail(self, detail: Mapping[str, Any], parts: list[StreamPart]) -> None:
+        index = detail.get("index")
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            index = max(self._details, default=-1) + 1  # a whole detail of its own
+        kind = detail.get("type")
+        text_key = _DETAIL_TEXT.get(kind) if isinstance(kind, str) else None
+        state = self._details.get(index)
+        changed = state is None
+        if state is None:
+            state = self._details[index] = {}
+        fragment = ""
+        for key, value in detail.items():
+            if key == text_key and isinstance(value, str):
+                fragment += value
+                if key not in state:
+                    state[key] = ""  # its place in the object; the text is the block's
+            elif key in _OPAQUE_TEXT and isinstance(value, str) and isinstance(
+                state.get(key), str
+            ):
+                if value:
+                    state[key] += value
+                    changed = True
+            elif key not in state or (value is not None and state[key] != value):
+                state[key] = value
+                changed = True
+        block = _DETAIL_BLOCK + index
+        if changed:
+            parts.append(ReasoningDelta(
+                fragment, block=block, format=OPENROUTER,
+                fields={"detail": dict(state), "text_key": text_key},
+            ))
+        elif fragment:
+            parts.append(ReasoningDelta(fragment, block=block))
 
     def _tool_delta(self, position: int, call: Mapping[str, Any], parts: list[StreamPart]) -> None:
         index = call.get("index")

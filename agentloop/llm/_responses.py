@@ -22,6 +22,8 @@ from .._model import (
     content_text,
 )
 from ._base import AdapterDefaults
+from ._efforts import AllowedEfforts
+from ._retry import RetryPolicy
 from ._wire import HTTPStreamAdapter, SSEEvent, dumps, error_fields, int_counters, parse_event_json
 
 __all__ = ["OpenAIResponsesAdapter"]
@@ -47,6 +49,13 @@ class OpenAIResponsesAdapter(HTTPStreamAdapter):
         encrypted_reasoning: ask for ``reasoning.encrypted_content`` so that reasoning items
             can be sent back without server-side storage. By default asked for when the call
             sets ``reasoning_effort`` (models without reasoning refuse the request).
+        reasoning_efforts: the ``reasoning_effort`` values to accept, or ``"any"``; by
+            default OpenAI's documented set (``none``, ``minimal``, ``low``, ``medium``,
+            ``high``, ``xhigh``) for ``api.openai.com`` and Azure OpenAI, any value for a
+            compatible server. A value outside the set raises
+            :class:`agentloop.ConfigError` naming the provider, the field and the allowed
+            values.
+        retry: the provider's retry policy, captured when the adapter is registered.
 
     Requests are stateless (``store: false``): the whole history is sent each time. Every
     reasoning item is one reasoning block (format ``"openai-responses"``) whose fields keep
@@ -71,9 +80,12 @@ class OpenAIResponsesAdapter(HTTPStreamAdapter):
         client: httpx.AsyncClient | None = None,
         defaults: AdapterDefaults | None = None,
         encrypted_reasoning: bool | None = None,
+        reasoning_efforts: AllowedEfforts = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         super().__init__(
-            base_url, api_key=api_key, headers=headers, client=client, defaults=defaults
+            base_url, api_key=api_key, headers=headers, client=client, defaults=defaults,
+            retry=retry, reasoning_efforts=reasoning_efforts,
         )
         self.encrypted_reasoning = encrypted_reasoning
 

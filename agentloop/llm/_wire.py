@@ -16,10 +16,12 @@ import attrs
 import httpx
 import trio
 
-from .._errors import ProviderError
+from .._errors import ConfigError, ProviderError
 from .._http import client_for
 from .._model import CallConfig, Finish, LLMRequest, StreamPart
-from ._base import AdapterDefaults, ModelAdapter
+from ._base import AdapterDefaults, ModelAdapter, check_retry
+from ._efforts import AllowedEfforts, allowed_efforts, effort_problem
+from ._retry import RetryPolicy
 from ._secrets import Secrets, check_api_key, check_headers, shown_url
 
 __all__ = [
@@ -241,6 +243,12 @@ class HTTPStreamAdapter(ModelAdapter):
     containing ``key``, ``token``, ``secret`` or ``auth``) and a password in ``base_url`` are
     masked as ``***`` in everything the adapter raises (messages, codes, the chained causes)
     and in its ``repr``.
+
+    ``reasoning_effort`` is the adapter's to judge (see :mod:`agentloop.llm._efforts`): a
+    value it does not support raises :class:`agentloop.ConfigError` naming the provider, the
+    field and the allowed values, when the adapter is built (for ``defaults``) and in
+    :meth:`validate` (for a call). ``retry`` is the provider's retry policy, captured when
+    the adapter is registered.
     """
 
     _path: ClassVar[str]
@@ -262,14 +270,26 @@ class HTTPStreamAdapter(ModelAdapter):
         headers: Mapping[str, str] | None = None,
         client: httpx.AsyncClient | None = None,
         defaults: AdapterDefaults | None = None,
+        retry: RetryPolicy | None = None,
+        reasoning_efforts: AllowedEfforts = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.defaults = _with_fallback(defaults, self._default_defaults)
         # The URL can hold secrets of its own (userinfo, an ``api-key`` query parameter).
         shown = Secrets.of(None, {}, self.base_url).scrub(shown_url(self.base_url))
         where = f"the {self._kind} adapter at {shown}"
+        self._where = where
         check_api_key(api_key, where=where)
         check_headers(headers, where=where)
+        check_retry(type(self).__name__, retry)
+        self.retry = retry
+        try:
+            self._efforts = allowed_efforts(reasoning_efforts, self.base_url)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        problem = self._effort_problem(self.defaults.reasoning_effort)
+        if problem is not None:
+            raise ConfigError(f"{where}: defaults: {problem}")
         self._api_key = api_key or None
         self._headers = dict(headers or {})
         self._client = client
@@ -279,7 +299,9 @@ class HTTPStreamAdapter(ModelAdapter):
         return f"{type(self).__name__}(base_url={self._clean(shown_url(self.base_url))!r})"
 
     def validate(self, config: CallConfig) -> None:
-        """Raise ``ProviderError(code="invalid_config")`` when the call cannot be made.
+        """Refuse a call that cannot be made: no model (``ProviderError(code=
+        "invalid_config")``), or a ``reasoning_effort`` this adapter does not support
+        (:class:`agentloop.ConfigError`, which the runtime reports as ``invalid_config``).
 
         The runtime calls it once per call, before :meth:`stream`, with defaults filled in.
         """
@@ -287,6 +309,13 @@ class HTTPStreamAdapter(ModelAdapter):
             raise ProviderError(
                 f"{type(self).__name__}: no model configured", code="invalid_config"
             )
+        problem = self._effort_problem(config.reasoning_effort)
+        if problem is not None:
+            raise ConfigError(f"provider {config.provider!r} ({self._where}): {problem}")
+
+    def _effort_problem(self, effort: str | None) -> str | None:
+        """What is wrong with ``effort`` for this adapter, or ``None`` when it is accepted."""
+        return effort_problem(effort, self._efforts)
 
     def _auth_headers(self, api_key: str) -> dict[str, str]:
         raise NotImplementedError
