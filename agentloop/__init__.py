@@ -85,6 +85,7 @@ from ._session import validate_session_id as validate_session_id
 from ._subagents import Job as Job
 from ._subagents import JobCancelled as JobCancelled
 from ._subagents import JobFailed as JobFailed
+from ._subagents import TreeEvent as TreeEvent
 from ._tools import Tool as Tool
 from ._tools import truncate_content as truncate_content
 from ._util import fixup_module_metadata as _fixup_module_metadata
@@ -149,6 +150,7 @@ __all__ = [
     "Job",
     "JobCancelled",
     "JobFailed",
+    "TreeEvent",
     "Plugin",
     "thaw",
     "validate_session_id",

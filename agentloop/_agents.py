@@ -500,6 +500,12 @@ async def _transaction(
                           proposal=proposal)
             scope = owner.child(f"agent:{session_id}", agent_id=session_id)
             agent.ctx = scope
+            if resumed:
+                # The crash that left this turn open left its sub-agents' turns open too, and
+                # took its jobs' registry; both are mended before setup sees the agent.
+                from ._subagents import recover_children
+
+                await recover_children(agent)
             if setup is not None:
                 preparing = rt.supervisor.preparing
                 preparing[session_id] = agent

@@ -1022,14 +1022,10 @@ def session_tree(infos: Sequence[Any], parents: Mapping[str, str]) -> list[tuple
 
 
 async def _sessions_list(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    parents: dict[str, str] = {}
     async with _open_store(_store_path(args)) as store:
         infos = await store.list() if store is not None else []
-        for info in infos:
-            # The listing carries no metadata: the lineage is read from each session's own.
-            parent = (await store.load(info.id)).meta.get("parent_session_id")
-            if isinstance(parent, str):
-                parents[info.id] = parent
+    # The store derives each row's lineage: no session's log is loaded to find its parent.
+    parents = {i.id: i.parent_session_id for i in infos if i.parent_session_id is not None}
     if not infos:
         err.write("no stored sessions\n")
         return EXIT_OK

@@ -6,15 +6,23 @@ lineage (``parent_session_id``, ``parent_call_id`` inside a tool call, ``depth``
 parent's scope owns its handle, so disposing the parent disposes its children first (each to
 quiescence, depth-first). Called elsewhere (the root context, a plugin's own task) it is an
 ordinary agent owned by the calling context.
+
+Resuming a parent closes the turns a crash left open in its stored descendants and gives it
+its jobs back, finished (``recover_children``); ``subscribe_tree`` follows a whole tree.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
 import uuid
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, Literal, final
 
+import attrs
 import trio
 
 from ._agent import CLOSE_GRACE, Agent, _freeze_content, current_agent
@@ -22,6 +30,7 @@ from ._agents import (
     MAX_CHILDREN,
     MAX_DEPTH,
     AgentHandle,
+    LeaseClaim,
     Setup,
     SubagentLimitExceeded,
     _check_id,
@@ -32,9 +41,12 @@ from ._agents import (
     subagent_limit,
 )
 from ._bus import Disposer
-from ._errors import AgentDisposed, AgentLoopError, TurnFailed
-from ._model import AgentOptions, Content
+from ._errors import AgentDisposed, AgentLoopError, PersistenceError, TurnFailed
+from ._events import SessionCreated, SessionDisposed, SessionEventAppended
+from ._json import FrozenDict
+from ._model import AgentOptions, Content, SessionEvent
 from ._run import RunResult
+from ._session import Session, recover_crashed_turn
 from ._util import NoPublicConstructor
 
 if TYPE_CHECKING:
@@ -43,8 +55,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Job", "JobCancelled", "JobFailed", "JobStatus", "JobsService", "SubagentsService",
-    "current_call_id",
+    "TreeEvent", "current_call_id", "recover_children",
 ]
+
+log = logging.getLogger("agentloop")
 
 JobStatus = Literal["running", "done", "failed", "cancelled"]
 
@@ -252,6 +266,57 @@ class SubagentsService:
             with trio.move_on_after(CLOSE_GRACE, shield=True):
                 await handle.aclose()
 
+    def subscribe_tree(
+        self, session_id: str | None = None
+    ) -> AbstractAsyncContextManager[trio.MemoryReceiveChannel[TreeEvent]]:
+        """``async with ctx.subagents.subscribe_tree() as rx:`` follows a whole agent tree.
+
+        ``rx`` receives a :class:`agentloop.TreeEvent` (the session id, its lineage and the
+        ``SessionEvent``) for every event appended to the root session (``session_id``, by
+        default the agent the call is made on behalf of) or any of its descendants, including
+        children created after the subscription began: those from their first event (a seed
+        included), live ones from the moment of subscribing. Like any durable subscription it
+        is lossless and in seq order per session (in emission order across them), however
+        slow the reader: its backlog is kept in memory. The channel ends with the block, or
+        when this context's scope closes.
+
+        Raises:
+            ValueError: no ``session_id`` and no agent on whose behalf the call is made.
+            InvalidContent: ``session_id`` is not a valid session id.
+        """
+        root = session_id
+        if root is None:
+            parent = _parent_of(self._ctx)
+            if parent is None:
+                raise ValueError("subscribe_tree() outside an agent needs the session_id of "
+                                 "the tree's root")
+            root = parent.id
+        return self._tree(_check_id(root))
+
+    @asynccontextmanager
+    async def _tree(self, root: str) -> AsyncIterator[trio.MemoryReceiveChannel[TreeEvent]]:
+        rt = self._ctx._runtime
+        tx, rx = trio.open_memory_channel[TreeEvent](math.inf)
+        # Plain handlers run at the moment of each append, so the snapshot of who is in the
+        # tree and the first delivery happen in one synchronous step, with no gap.
+        tree = _Tree(rt, root, tx)
+        offs = (
+            rt.bus.on(SessionEventAppended, tree.appended),
+            rt.bus.on(SessionCreated, tree.created),
+            rt.bus.on(SessionDisposed, tree.disposed),
+        )
+
+        def stop() -> None:
+            for off in offs:
+                off()
+            tx.close()
+
+        stop_tracked = self._ctx.track(Disposer(stop))
+        try:
+            yield rx
+        finally:
+            stop_tracked()
+
 
 # --- ctx.jobs -------------------------------------------------------------------------------
 
@@ -263,7 +328,8 @@ class Job(metaclass=NoPublicConstructor):
     ``status`` is ``"running"`` until it takes exactly one final value: ``"done"`` (the turn
     completed), ``"failed"`` (it ended ``error`` or ``rejected``), or ``"cancelled"``
     (``cancel()``, its turn aborted, or its owner closed). A finished job's child is disposed;
-    the job stays listed until its owner closes.
+    the job stays listed until its owner closes. Its id is in the child's session ``meta``
+    (``job_id``): a resumed owner lists it again, ``failed`` if a crash cut it short.
     """
 
     __slots__ = (
@@ -272,11 +338,11 @@ class Job(metaclass=NoPublicConstructor):
     )
 
     def __init__(
-        self, job_id: str, handle: AgentHandle, content: Content, owner: Context,
-        parent: Agent | None, *, deliver: bool,
+        self, job_id: str, session_id: str, handle: AgentHandle | None, content: Content,
+        owner: Context, parent: Agent | None, *, deliver: bool,
     ) -> None:
         self.id: Final = job_id
-        self.session_id: Final = handle.agent.id
+        self.session_id: Final = session_id
         self.status: JobStatus = "running"
         self._handle = handle
         self._content = content
@@ -307,7 +373,7 @@ class Job(metaclass=NoPublicConstructor):
 
     def cancel(self) -> bool:
         """Stop the job (its child is disposed); True when it was still running."""
-        if self.status != "running":
+        if self.status != "running" or self._handle is None:
             return False
         agent = self._handle.agent
         agent.cancel("user")
@@ -339,6 +405,7 @@ class Job(metaclass=NoPublicConstructor):
             )
 
     async def _watch(self) -> None:
+        assert self._handle is not None
         agent = self._handle.agent
         try:
             with self._scope:
@@ -405,13 +472,16 @@ class JobsService:
         if deliver and _parent_of(self._ctx) is None:
             raise ValueError("deliver=True needs an owning agent: start the job from one of "
                              "its tools, hooks or its setup")
+        # The id is in the child's meta, so a resumed owner can still answer for the job
+        # after a crash took its registry (see recover_children).
+        job_id = f"job-{uuid.uuid4().hex[:12]}"
         handle, parent, owner = await _spawn(
             self._ctx, agent_options=agent_options, setup=setup, session_id=session_id,
-            seed=None, meta=None,
+            seed=None, meta={"job_id": job_id},
         )
         rt = self._ctx._runtime
         job = Job._create(
-            f"job-{uuid.uuid4().hex[:12]}", handle, frozen, owner, parent, deliver=deliver
+            job_id, handle.agent.id, handle, frozen, owner, parent, deliver=deliver
         )
         rt.supervisor.jobs[job.id] = job
         try:
@@ -433,3 +503,217 @@ class JobsService:
         """This owner's jobs, oldest first (finished ones stay until the owner closes)."""
         owner = self._owner()
         return [j for j in self._ctx._runtime.supervisor.jobs.values() if j._owner is owner]
+
+
+# --- crash recovery of a resumed parent's tree ----------------------------------------------
+
+_LOST: Final = "the process running it stopped before it finished (a crash); start it again"
+
+
+async def recover_children(parent: Agent) -> None:
+    """Close the turns a crash left open in ``parent``'s stored descendants, and give the
+    resumed parent its jobs back.
+
+    Run by ``agents.resume`` before the parent's ``setup``. Each descendant (a stored
+    session whose ``meta`` names its parent, transitively) is taken under its lease, its
+    open turn closed as the parent's own is (cause ``crash``), flushed, and let go; one that
+    a live driver holds (here or in another process) is left alone. Each direct child whose
+    ``meta`` has a ``job_id`` becomes a finished :class:`Job` of the parent again: ``failed``
+    when the crash cut it short, else the status its last turn ended with.
+    """
+    rt = parent._rt
+    backend = rt.persistence
+    scope = parent.ctx
+    if backend is None or scope is None:
+        return
+    try:
+        infos = await backend.list()
+    except PersistenceError as exc:
+        log.warning("session %s: cannot list its sub-agents to recover them: %s", parent.id, exc)
+        return
+    below: dict[str, list[str]] = {}
+    for info in sorted(infos, key=lambda i: i.created_at):  # oldest first: the job order
+        if info.parent_session_id is not None:
+            below.setdefault(info.parent_session_id, []).append(info.id)
+    if parent.id not in below:
+        return
+    seen = {parent.id}
+    queue = deque(below[parent.id])
+    while queue:
+        sid = queue.popleft()
+        if sid in seen:
+            continue  # a meta loop can only come from hand-edited stores
+        seen.add(sid)
+        queue.extend(below.get(sid, ()))
+        session = await _recover_one(parent, sid)
+        if session is not None and session.meta.get("parent_session_id") == parent.id:
+            _rebuild_job(parent, scope, session)
+
+
+async def _recover_one(parent: Agent, session_id: str) -> Session | None:
+    """The stored session, its crashed turn closed and flushed; None when someone drives it
+    or it cannot be read."""
+    rt = parent._rt
+    backend = rt.persistence
+    assert backend is not None
+    if session_id in rt.leases:
+        return None  # driven (or being resumed) in this runtime
+    # Held like a resume's claim, so a concurrent resume of this child here waits for it.
+    claim = rt.leases[session_id] = LeaseClaim()
+    try:
+        # Shielded and bounded: a lease taken must be given back, and a half-closed log
+        # would only be closed again by the next resume anyway.
+        with trio.move_on_after(CLOSE_GRACE, shield=True):
+            try:
+                await backend.acquire(session_id, rt.owner_id)
+            except PersistenceError:
+                return None  # a live driver elsewhere: its turns are its own
+            try:
+                stored = await backend.load(session_id)
+                session = Session(session_id, stored.meta, rt.bus)
+                session.load(stored.events)
+                before = session.last_seq
+                recover_crashed_turn(session)
+                if session.last_seq != before:
+                    await backend.flush(session_id, session.last_seq)
+                return session
+            except PersistenceError as exc:
+                log.warning("sub-agent %s of %s: not recovered: %s", session_id, parent.id, exc)
+                return None
+            finally:
+                await backend.release(session_id, rt.owner_id)
+        return None
+    finally:
+        if rt.leases.get(session_id) is claim:
+            del rt.leases[session_id]
+        claim.settled.set()
+
+
+def _rebuild_job(parent: Agent, scope: Context, session: Session) -> None:
+    job_id = session.meta.get("job_id")
+    jobs = parent._rt.supervisor.jobs
+    if not isinstance(job_id, str) or job_id in jobs:
+        return
+    end: SessionEvent | None = None
+    text = ""
+    for event in session.events:
+        if event.type == "turn/start":
+            end, text = None, ""
+        elif event.type == "assistant/message":
+            content = event.data.get("content")
+            text = content if isinstance(content, str) else ""
+        elif event.type == "turn/end":
+            end = event
+    job = Job._create(job_id, session.id, None, "", scope, parent, deliver=False)
+    reason = end.data.get("reason") if end is not None else None
+    if end is None or end.data.get("cause") == "crash":
+        job._finish("failed", error=JobFailed(f"job {job_id!r} was lost: {_LOST}"))
+    elif reason in ("completed", "max-tokens"):
+        usage = end.data.get("usage")
+        job._finish("done", result=RunResult(
+            text, None, str(reason), end.turn, usage if isinstance(usage, FrozenDict) else None
+        ))
+    elif reason in ("aborted", "disposed"):
+        job._finish("cancelled", error=JobCancelled(f"job {job_id!r} ended {reason}"))
+    else:
+        job._finish("failed", error=JobFailed(f"job {job_id!r} ended {reason} without an answer"))
+    jobs[job_id] = job
+    scope.track(Disposer(job._abandon))
+
+
+# --- following a whole tree -------------------------------------------------------------------
+
+
+@attrs.frozen(slots=True)
+class TreeEvent:
+    """One durable event of a session in a followed tree (``ctx.subagents.subscribe_tree``).
+
+    Attributes:
+        session_id: the session the event was appended to.
+        parent_session_id: that session's parent (``None`` for a top-level session).
+        depth: its depth in the agent tree (0 for a top-level session).
+        event: the ``SessionEvent`` itself.
+    """
+
+    session_id: str
+    parent_session_id: str | None
+    depth: int
+    event: SessionEvent
+
+
+def _lineage(meta: FrozenDict) -> tuple[str | None, int]:
+    parent = meta.get("parent_session_id")
+    depth = meta.get("depth")
+    return (
+        parent if isinstance(parent, str) else None,
+        depth if isinstance(depth, int) and not isinstance(depth, bool) else 0,
+    )
+
+
+class _Tree:
+    """The sessions one tree subscription follows, and how far each has been delivered."""
+
+    __slots__ = ("delivered", "live", "root", "rt", "tx")
+
+    def __init__(self, rt: Runtime, root: str, tx: trio.MemorySendChannel[TreeEvent]) -> None:
+        self.rt, self.root, self.tx = rt, root, tx
+        self.live: dict[str, tuple[str | None, int]] = {}
+        # Per session ever followed: the last seq delivered, so a session that leaves and
+        # comes back (disposed, then resumed) is not delivered twice.
+        self.delivered: dict[str, int] = {}
+        # Sessions followed from now on: what they logged before is in their ``events``.
+        stack = [root]
+        while stack:
+            sid = stack.pop()
+            session = rt.sessions.get(sid)
+            if session is None:
+                continue
+            self.live[sid] = _lineage(session.meta)
+            self.delivered[sid] = session.last_seq
+            stack.extend(rt.supervisor.children.get(sid, ()))
+
+    def appended(self, e: SessionEventAppended) -> None:
+        lineage = self.live.get(e.session_id)
+        if lineage is None or e.event.seq <= self.delivered.get(e.session_id, 0):
+            return
+        self.delivered[e.session_id] = e.event.seq
+        self._send(TreeEvent(e.session_id, lineage[0], lineage[1], e.event))
+
+    def _in_tree(self, parent: str | None) -> bool:
+        # Up the lineage: a parent still in its setup (whose children are published before
+        # it is) is not live yet, but is in the tree all the same.
+        rt, seen = self.rt, set()
+        while parent is not None and parent not in seen:
+            if parent == self.root or parent in self.live:
+                return True
+            seen.add(parent)
+            session = rt.sessions.get(parent)
+            if session is None:
+                preparing = rt.supervisor.preparing.get(parent)
+                if preparing is None:
+                    return False
+                session = preparing.session
+            parent = _lineage(session.meta)[0]
+        return False
+
+    def created(self, e: SessionCreated) -> None:
+        parent, depth = _lineage(e.meta)
+        if e.session_id != self.root and not self._in_tree(parent):
+            return
+        self.live[e.session_id] = (parent, depth)
+        session = self.rt.sessions.get(e.session_id)
+        if session is None:
+            return
+        # A session that joins after the subscription began is delivered from its first
+        # event: a seed or a resumed log was never announced event by event.
+        start = self.delivered.get(e.session_id, 0)
+        for event in session.events[start:]:
+            self._send(TreeEvent(e.session_id, parent, depth, event))
+        self.delivered[e.session_id] = session.last_seq
+
+    def disposed(self, e: SessionDisposed) -> None:
+        self.live.pop(e.session_id, None)
+
+    def _send(self, item: TreeEvent) -> None:
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            self.tx.send_nowait(item)  # unbounded: never blocks, never drops

@@ -3,7 +3,9 @@
 The parent calls the ``subagent`` tool twice in one reply (the ``subagent`` plugin); each call
 runs a fresh child agent, a child actor of the parent, and returns its answer. A function model
 stands in for real models here: it plays the parent (delegate, then summarise) and the
-children (answer after a short delay). The tree is printed as it changes.
+children (answer after a short delay). The tree is printed as it changes, and an observer
+following the whole tree (``ctx.subagents.subscribe_tree``) prints each child's answer as it
+lands in the child's log.
 """
 
 import json
@@ -61,8 +63,17 @@ async def main() -> None:
         handle = await rt.agents.create(
             session_id="parent", agent_options=agentloop.AgentOptions(provider="fn", model="m")
         )
-        async with handle:
-            answer = await handle.agent.ask("Please find out two things for me.")
+        async def follow(rx: trio.MemoryReceiveChannel[agentloop.TreeEvent]) -> None:
+            async for item in rx:
+                if item.depth > 0 and item.event.type == "assistant/message":
+                    print(f"{'  ' * (item.depth + 1)}{item.session_id} answered: "
+                          f"{item.event.data['content']}")
+
+        async with handle, trio.open_nursery() as nursery:
+            async with rt.subagents.subscribe_tree("parent") as rx:
+                nursery.start_soon(follow, rx)
+                answer = await handle.agent.ask("Please find out two things for me.")
+            # The subscription has ended: the observer finishes what was queued, then exits.
             print(answer.text)
 
 

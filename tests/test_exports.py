@@ -18,7 +18,7 @@ EXPECTED = {
         "ProviderError", "SessionIdInUse", "SessionNotFound", "PersistenceUnavailable",
         "PersistenceError", "AgentDisposed", "AgentNotPublished", "RuntimeClosed",
         "ToolDefinitionError", "TurnFailed", "Run", "RunResult", "PendingApproval",
-        "SubagentLimitExceeded", "Job", "JobCancelled", "JobFailed",
+        "SubagentLimitExceeded", "Job", "JobCancelled", "JobFailed", "TreeEvent",
         "Plugin", "thaw", "validate_session_id", "load_config", "content_text",
     },
     agentloop.testing: {

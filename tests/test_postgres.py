@@ -253,6 +253,22 @@ async def test_load_sees_appends_not_yet_flushed_and_list_orders_by_activity(
             await store.create("s9", FrozenDict(cwd="/home/\udcff"))
 
 
+async def test_list_names_each_sub_agents_parent_from_its_meta(
+    store: PostgresSessionStore,
+) -> None:
+    with trio.fail_after(20):
+        await store.create("root", FrozenDict())
+        await store.create("kid", FrozenDict(parent_session_id="root", depth=1))
+        await store.create("grandkid", FrozenDict(parent_session_id="kid", depth=2))
+        # Any meta is accepted; only a string names a parent.
+        await store.create("odd", FrozenDict(parent_session_id=7))
+        await store.create("odder", FrozenDict(parent_session_id=FrozenDict(id="root")))
+        parents = {i.id: i.parent_session_id for i in await store.list()}
+        assert parents == {
+            "root": None, "kid": "root", "grandkid": "kid", "odd": None, "odder": None,
+        }
+
+
 async def test_append_to_an_unknown_session_fails_only_that_session(
     store: PostgresSessionStore,
 ) -> None:
@@ -761,6 +777,7 @@ async def test_the_command_line_lists_and_shows_postgres_sessions(
                                             agent_options=OPTIONS)
             handle.agent.followup("ping")
             await handle.agent.wait_idle()
+            await rt.agents.create(session_id="cli1-kid", meta={"parent_session_id": "cli1"})
         env = {**os.environ, "HOME": str(tmp_path)}
         listed = await trio.run_process(
             [sys.executable, "-m", "agentloop", "sessions", "list", "--db", dsn],
@@ -776,11 +793,49 @@ async def test_the_command_line_lists_and_shows_postgres_sessions(
         )
     assert listed.returncode == 0, listed.stderr.decode()
     assert "cli1" in listed.stdout.decode() and "/w" in listed.stdout.decode()
+    # The sub-agent session is listed under its parent, from the store's listing.
+    rows = [line.split()[0] for line in listed.stdout.decode().splitlines()[1:]]
+    assert rows.index("cli1-kid") == rows.index("cli1") + 1
+    assert "\n  cli1-kid " in listed.stdout.decode()
     assert shown.returncode == 0, shown.stderr.decode()
     assert "user: ping" in shown.stdout.decode() and "pong" in shown.stdout.decode()
     assert missing.returncode != 0
     assert "'nope'" in missing.stderr.decode()
     assert PASSWORD not in missing.stderr.decode() + listed.stdout.decode()
+
+
+# --- sub-agents -------------------------------------------------------------------------------
+
+
+async def test_resuming_a_killed_parent_closes_its_sub_agents_turns_in_postgres(
+    dsn: str, tmp_path: Path
+) -> None:
+    from agentloop_subagent import subagents
+    from test_subagents_crash import BOSS, run_until_ready_then_kill
+    from test_subagents_crash import OPTIONS as CRASH_OPTIONS
+    from test_subagents_crash import config as crash_config
+
+    await run_until_ready_then_kill(dsn, tmp_path / "child.log")
+    with trio.fail_after(30):
+        async with PostgresSessionStore.open_read_only(dsn) as reader:
+            infos = await reader.list()
+            kids = {i.id for i in infos if i.id != BOSS}
+            before = {i.id: list((await reader.load(i.id)).events) for i in infos}
+        assert len(kids) == 3
+        assert all(not any(e.type == "turn/end" for e in log) for log in before.values())
+        async with agentloop.open_runtime(crash_config(dsn), plugins=[subagents()]) as rt:
+            handle = await rt.agents.resume(resume_session_id=BOSS, agent_options=CRASH_OPTIONS)
+            assert handle.agent.ctx is not None
+            [job] = handle.agent.ctx.jobs.list()
+            assert job.status == "failed" and job.session_id in kids
+            await handle.aclose()
+        async with PostgresSessionStore.open_read_only(dsn) as reader:
+            for kid in kids:
+                log = list((await reader.load(kid)).events)
+                assert log[: len(before[kid])] == before[kid]
+                [end] = [e for e in log if e.type == "turn/end"]
+                assert (end.data["reason"], end.data["cause"]) == ("aborted", "crash")
+                check_log_invariants(log)
 
 
 # --- routing input to the live driver --------------------------------------------------------

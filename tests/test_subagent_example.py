@@ -25,4 +25,10 @@ def test_subagents_example_runs() -> None:
     # Each child is gone before the parent turns idle, and the answer holds both results.
     assert all(lines.index(f"  - {c}") < lines.index("  parent: idle") for c in children)
     assert "My helpers say: 2, 3 and 5. / Jupiter." in lines
+    # The tree's observer saw each child's answer in that child's log.
+    answered = sorted(line.split()[0] for line in lines if " answered: " in line)
+    assert answered == sorted(children)
+    assert {line.split(" answered: ")[1] for line in lines if " answered: " in line} == {
+        "2, 3 and 5.", "Jupiter.",
+    }
     assert lines[-1] == "- parent"

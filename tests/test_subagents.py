@@ -673,8 +673,46 @@ async def test_profiles_from_config_choose_model_and_tools() -> None:
         assert (await handle.agent.ask("x")).text == "written"
         [request] = seen
         assert request.config.model == "m2" and request.system == "Write well."
+        assert request.tools == ()  # an empty allow-list offers the model nothing
         [spec] = [t for t in rt.tools.list() if t.name == "subagent"]
         assert spec.parameters["properties"]["agent"]["enum"] == ("writer",)
+        await handle.aclose()
+
+
+async def test_a_profile_allow_list_hides_the_other_tools_from_the_childs_requests() -> None:
+    profiles = [Profile("adder", tools=("add", "nowhere")), Profile("free")]
+    async with plugin_runtime(profiles=profiles) as rt:
+        seen: dict[str, list[LLMRequest]] = {}
+
+        @rt.tools.tool()
+        async def add(a: int, b: int) -> int:
+            """Add two numbers."""
+            return a + b
+
+        @rt.tools.tool()
+        async def other() -> str:
+            """Another tool."""
+            return "ran"
+
+        async def child(request: LLMRequest) -> str:
+            seen.setdefault(request.messages[0].text, []).append(request)
+            await trio.lowlevel.checkpoint()
+            return "ok"
+
+        rt.llm.register("fn", tree_model(rt, [
+            ("subagent", {"task": "restricted", "agent": "adder"}),
+            ("subagent", {"task": "open", "agent": "free"}),
+            ("subagent", {"task": "like me"}),
+        ], child))
+        handle = await parent(rt)
+        await handle.agent.ask("x")
+        names = {task: [t.name for t in reqs[0].tools] for task, reqs in seen.items()}
+        # Only the allowed tools that exist, in the registry's order; the parent's request
+        # and the unrestricted children keep everything.
+        assert names["restricted"] == ["add"]
+        everything = [t.name for t in rt.tools.list()]
+        assert "other" in everything and "subagent" in everything
+        assert names["open"] == names["like me"] == everything
         await handle.aclose()
 
 
@@ -723,8 +761,10 @@ async def test_an_unknown_profile_and_a_denied_tool_are_error_results() -> None:
 
 
 def test_sessions_list_shows_children_under_their_parent(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from agentloop_sqlite import SqliteSessionStore
+
     from agentloop._cli import main
 
     db = tmp_path / "s.db"
@@ -748,7 +788,14 @@ def test_sessions_list_shows_children_under_their_parent(
             await parent(rt, "zzz")
 
     trio.run(build)
-    assert main(["sessions", "list", "--db", str(db)]) == 0
+
+    async def no_log(self: object, session_id: str) -> None:
+        raise AssertionError(f"the listing loaded the log of {session_id!r}")
+
+    # The lineage comes with the listing (SessionInfo.parent_session_id): no log is read.
+    with monkeypatch.context() as patched:
+        patched.setattr(SqliteSessionStore, "load", no_log)
+        assert main(["sessions", "list", "--db", str(db)]) == 0
     lines = capsys.readouterr().out.splitlines()[1:]
     rows = [(line.split()[0], len(line) - len(line.lstrip())) for line in lines]
     ids = [sid for sid, _ in rows]
@@ -846,25 +893,18 @@ async def tree_example(ops: list[Op]) -> None:
             kept.append(await rt.subagents.spawn(d))
             raise RuntimeError("the tool crashed")
 
-        parents = [await parent(rt, f"p{i}") for i in range(2)]
-        for op, arg in ops:
-            if op in ("spawn", "run", "job", "crash"):
-                agent = parents[arg].agent
-                if agent.status == "idle":
-                    # Varied delays; every fifth child's model fails after its delay.
-                    delay = 0.5 * (1 + len(order) % 3) * (-1 if len(order) % 5 == 0 else 1)
-                    agent.followup(f"{op}:{delay}")
-            elif op == "cancel":
-                agent = parents[arg % 2].agent
-                if agent.cancel():
-                    order.append(("cancel", agent.id, None))
-            elif op == "close-parent":
-                await parents[arg % 2].aclose()
-            elif op == "close-child" and kept:
-                await kept[arg % len(kept)].aclose()
-            elif op == "sleep":
-                await trio.sleep(arg / 2)
-            await trio.testing.wait_all_tasks_blocked()
+        # One observer follows p0's whole tree from before p0 exists.
+        async with rt.subagents.subscribe_tree("p0") as tree_rx:
+            parents = [await parent(rt, f"p{i}") for i in range(2)]
+            await apply_tree_ops(ops, parents, kept, order)
+            cut = len(order)
+            followed: list[agentloop.TreeEvent] = []
+            while True:
+                try:
+                    followed.append(tree_rx.receive_nowait())
+                except trio.WouldBlock:
+                    break
+        check_followed(order[:cut], followed)
     # Runtime exit: every registry is empty.
     runtime = rt._runtime
     assert runtime.agents == {} and runtime.sessions == {}
@@ -881,6 +921,46 @@ async def tree_example(ops: list[Op]) -> None:
         else:
             with pytest.raises(expected):
                 await job.result()
+
+
+async def apply_tree_ops(
+    ops: list[Op], parents: list[agentloop.AgentHandle], kept: list[agentloop.AgentHandle],
+    order: list[tuple[str, str, Any]],
+) -> None:
+    for op, arg in ops:
+        if op in ("spawn", "run", "job", "crash"):
+            agent = parents[arg].agent
+            if agent.status == "idle":
+                # Varied delays; every fifth child's model fails after its delay.
+                delay = 0.5 * (1 + len(order) % 3) * (-1 if len(order) % 5 == 0 else 1)
+                agent.followup(f"{op}:{delay}")
+        elif op == "cancel":
+            agent = parents[arg % 2].agent
+            if agent.cancel():
+                order.append(("cancel", agent.id, None))
+        elif op == "close-parent":
+            await parents[arg % 2].aclose()
+        elif op == "close-child" and kept:
+            await kept[arg % len(kept)].aclose()
+        elif op == "sleep":
+            await trio.sleep(arg / 2)
+        await trio.testing.wait_all_tasks_blocked()
+
+
+def check_followed(
+    order: list[tuple[str, str, Any]], followed: list[agentloop.TreeEvent]
+) -> None:
+    """The tree subscription got exactly the events of p0 and its descendants, each session's
+    in seq order, with their lineage, and in the one emission order."""
+    tree: dict[str, str | None] = {"p0": None}
+    for kind, sid, item in order:
+        if kind == "created" and item.get("parent_session_id") in tree:
+            tree[sid] = item["parent_session_id"]
+    expected = [(sid, e) for kind, sid, e in order if kind == "event" and sid in tree]
+    assert [(i.session_id, i.event) for i in followed] == expected
+    for item in followed:
+        assert item.parent_session_id == tree[item.session_id]
+        assert item.depth == (0 if item.parent_session_id is None else 1)
 
 
 def check_tree(order: list[tuple[str, str, Any]], jobs: list[agentloop.Job]) -> None:
@@ -927,6 +1007,7 @@ def test_tree_property(ops: list[Op]) -> None:
 
     No child outlives its parent; every child's turns pair; a child's turn ends with cause
     ``parent`` exactly when its parent's turn was cancelled while it ran; every job ends
-    with one final status that agrees with its result; every registry is empty at exit.
+    with one final status that agrees with its result; every registry is empty at exit; an
+    observer of p0's tree receives exactly the events of p0 and its children, in order.
     """
     trio.run(tree_example, ops, clock=trio.testing.MockClock(autojump_threshold=0))

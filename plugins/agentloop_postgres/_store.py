@@ -1259,14 +1259,18 @@ class PostgresSessionStore:
 
     def _do_list(self) -> builtins.list[SessionInfo]:
         rows = self._db.execute(
-            "SELECT id, turns, events, created_at, updated_at, cwd FROM agentloop_sessions"
-            " ORDER BY updated_at DESC, n DESC"
+            "SELECT id, turns, events, created_at, updated_at, cwd,"
+            # Any meta is accepted: only a string names a parent.
+            " CASE WHEN json_typeof(meta -> 'parent_session_id') = 'string'"
+            " THEN meta ->> 'parent_session_id' END"
+            " FROM agentloop_sessions ORDER BY updated_at DESC, n DESC"
         ).fetchall()
         return [
             SessionInfo(
-                id=sid, turns=turns, events=events, created_at=created, updated_at=updated, cwd=cwd
+                id=sid, turns=turns, events=events, created_at=created, updated_at=updated, cwd=cwd,
+                parent_session_id=parent,
             )
-            for sid, turns, events, created, updated, cwd in rows
+            for sid, turns, events, created, updated, cwd, parent in rows
         ]
 
     def _do_create(self, session_id: str, meta_json: str, cwd: str | None) -> None:

@@ -23,7 +23,8 @@ result the model can read, never a failed turn.
     provider = "openai"      # unset fields are the calling agent's
     model = "gpt-4o-mini"
     system_prompt = "You research facts and answer briefly."
-    tools = ["search"]       # the tools it may call (omit for all)
+    tools = ["search"]       # the only tools its requests offer and it may call (omit
+                             # for all the parent's)
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ import trio
 
 import agentloop
 from agentloop import AgentOptions, ConfigError, Context, Deny, Plugin, Tool, ToolCall
+from agentloop.events import AgentRequest
+from agentloop.llm import LLMRequest
 
 __all__ = ["Profile", "SubagentConfig", "install", "plugin", "subagents"]
 
@@ -54,7 +57,8 @@ class Profile:
     model: str | None = None
     system_prompt: str | None = None
     tools: tuple[str, ...] | None = None
-    """The tool names it may call; ``None`` for every tool the parent sees."""
+    """The tool names its requests offer and it may call; ``None`` for every tool the parent
+    sees."""
 
 
 def _unique(_: object, attribute: attrs.Attribute[Any], value: tuple[Profile, ...]) -> None:
@@ -100,15 +104,24 @@ def _task_schema(profiles: Sequence[Profile]) -> dict[str, Any]:
     return _object(properties, ["task"])
 
 
-def _allow_only(names: Iterable[str]) -> Any:
+def _allow_only(names: Iterable[str]) -> tuple[Any, Any]:
+    """The child's request filter (the model never sees other tools) and its guard (a call
+    of one anyway, a name it guessed or remembered from a seed, is denied)."""
     allowed = frozenset(names)
+
+    def hide(event: AgentRequest) -> LLMRequest | None:
+        tools = event.tools
+        kept = tuple(t for t in tools if t.name in allowed)
+        if len(kept) == len(tools):
+            return None
+        return attrs.evolve(event.request, tools=kept)
 
     def policy(call: ToolCall, tool: Tool) -> Deny | None:
         if tool.name in allowed:
             return None
         return Deny(f"this agent may only call: {', '.join(sorted(allowed)) or 'no tools'}")
 
-    return policy
+    return hide, policy
 
 
 def install(ctx: Context, config: SubagentConfig) -> None:
@@ -131,10 +144,11 @@ def install(ctx: Context, config: SubagentConfig) -> None:
         options = attrs.evolve(base, **fields)
         setup = None
         if profile.tools is not None:
-            policy = _allow_only(profile.tools)
+            hide, policy = _allow_only(profile.tools)
 
             async def setup(child: Context) -> None:
                 await trio.lowlevel.checkpoint()
+                child.events.on(AgentRequest, hide)
                 child.tools.guard(policy)
 
         return options, setup
