@@ -858,6 +858,9 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         )
         history = self.session.messages()
         messages: Sequence[Message] = history
+        # Whether the system prompt follows the route: a fallback to another provider renders
+        # it again, unless an agent/request handler wrote its own.
+        templated = "{" in template
         if bus.has_handlers(AgentRequest):
             outcome_of = _Outcome()
             proposed = AgentRequest(
@@ -871,7 +874,8 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             messages, specs = final.messages, final.tools
             if final.system != system:
                 system = final.system
-            elif "{" in template:
+                templated = False
+            elif templated:
                 system = rt.prompt.render(
                     template, provider=config.provider, model=config.model, cwd=self.cwd
                 )
@@ -882,6 +886,10 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         after: FrozenDict | None = None
         while True:
             key = (config.provider, config.model)
+            if templated and config is not planned:
+                system = rt.prompt.render(
+                    template, provider=config.provider, model=config.model, cwd=self.cwd
+                )
             attempt = tries[key] = tries.get(key, 0) + 1
             if f"{key[0]}:{key[1]}" not in routes:
                 routes.append(f"{key[0]}:{key[1]}")

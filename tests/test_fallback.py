@@ -341,3 +341,30 @@ def test_a_retry_config_must_be_a_call_config() -> None:
     assert agentloop.Retry().config is None
     with pytest.raises(TypeError):
         agentloop.Retry(config={"provider": "b"})  # type: ignore[arg-type]
+
+
+async def test_the_system_prompt_follows_the_route_the_call_moved_to() -> None:
+    a = ScriptedModel([ProviderError("no", status=400), ProviderError("no", status=400)])
+    b = ScriptedModel(["b answers"])
+    async with agentloop.open_runtime(plugins=[agentloop_fallback.fallback(["b"])]) as rt:
+        rt.llm.register("a", a)
+        rt.llm.register("b", b)
+        options = agentloop.AgentOptions(
+            provider="a", model="m", system_prompt="You are {model} on {provider}."
+        )
+        events = await one_turn(rt, options)
+        assert of(events, "turn/end")[-1].data["reason"] == "completed"
+        [moved] = b.requests
+        assert moved.system == "You are m on b."
+
+        # A handler's own system prompt is kept on every route.
+        rt.events.on(
+            agentloop.events.AgentRequest,
+            lambda e: attrs.evolve(e.request, system="fixed"),
+        )
+        handle = await rt.agents.create(session_id="s2", agent_options=options)
+        async with handle:
+            b.add("again")
+            handle.agent.followup("hi")
+            await handle.agent.wait_idle()
+        assert b.requests[-1].system == "fixed"
