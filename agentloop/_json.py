@@ -135,11 +135,16 @@ class _Freezer:
                 _fail(path, "cycle detected")
             self.active.add(key)
             out: dict[str, Any] = {}
+            # Paths are built only for a value that needs a closer look: most values are
+            # ASCII strings and small numbers, and this runs on every step's data.
             for k, v in value.items():
-                if not isinstance(k, str):
-                    _fail(path, f"object key {k!r} is not a string")
-                k = self.text(k, f"{path}.{k!r}" if path else repr(k))
-                out[k] = self.freeze(v, f"{path}.{k}" if path else k, depth + 1)
+                if type(k) is not str or not k.isascii():
+                    if not isinstance(k, str):
+                        _fail(path, f"object key {k!r} is not a string")
+                    k = self.text(k, f"{path}.{k!r}" if path else repr(k))
+                out[k] = v if _plain(v) else self.freeze(
+                    v, f"{path}.{k}" if path else k, depth + 1
+                )
             self.active.discard(key)
             return FrozenDict(out)
         if isinstance(value, (list, tuple)):
@@ -148,7 +153,8 @@ class _Freezer:
                 _fail(path, "cycle detected")
             self.active.add(key)
             items = tuple(
-                self.freeze(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)
+                v if _plain(v) else self.freeze(v, f"{path}[{i}]", depth + 1)
+                for i, v in enumerate(value)
             )
             self.active.discard(key)
             return items
@@ -157,6 +163,24 @@ class _Freezer:
 
 # Below this many bits an int has fewer than 4,300 digits, so the exact check is skipped.
 _INT_BITS: Final = 14_000
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` freezes to itself with nothing to check: None, a bool, an ASCII
+    ``str``, a short ``int``, a finite ``float`` (exact types: a subclass takes the long way)."""
+    cls = type(value)
+    plain: bool
+    if cls is str:
+        plain = value.isascii()
+    elif value is None or cls is bool:
+        plain = True
+    elif cls is int:
+        plain = value.bit_length() <= _INT_BITS
+    elif cls is float:
+        plain = math.isfinite(value)
+    else:
+        plain = False
+    return plain
 
 
 def _too_long(value: int) -> bool:
