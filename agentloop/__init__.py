@@ -13,7 +13,7 @@ Embed it in any trio program::
 
 Layering (``tests/test_layering.py`` enforces it; a module imports its own layer or lower)::
 
-    app         _cli, __main__           the command line, on the public API only
+    app         _cli*, __main__          the command line, on the public API only
     public      this module, events, testing, _catalog
     runtime     _runtime                 open_runtime, plugin actors, shutdown order
     plugin      _plugin                  the Plugin protocol

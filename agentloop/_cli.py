@@ -10,6 +10,10 @@ else its first provider), else by an API key in the environment (``OPENAI_API_KE
 local server, called keyless), else the packaged local model (the ``local`` extra). The choice
 is printed as one line on stderr (``--quiet`` drops it). See ``docs/cli.md``.
 
+``chat`` on a terminal with the ``tui`` extra is a terminal UI (prompt_toolkit on a thread of
+its own for input and the status bar, rich for markdown); otherwise, or with ``--plain``, it
+reads lines with readline, or from a pipe.
+
 Exit statuses: 0 done, 1 the (last) turn failed, 2 usage or configuration (flags, config file,
 missing key, a store that cannot be opened, an unknown session), 130 interrupted.
 """
@@ -28,7 +32,7 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from typing import Any, Final, Literal, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn, TextIO
 
 import attrs
 import trio
@@ -54,6 +58,11 @@ from agentloop import (
     open_runtime,
 )
 from agentloop.events import PluginFailed
+
+from ._cli_render import context_window, last_context_use, status_line
+
+if TYPE_CHECKING:
+    from ._cli_screen import _Screen
 
 __all__ = ["main", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_INTERRUPTED"]
 
@@ -350,6 +359,8 @@ class Printer:
         self._text_open = False
         self._reasoning_open = False
         self._reasoning_hidden = 0
+        self._thought: list[str] = []
+        self.last_reasoning = ""
 
     def show(self, e: SessionEvent) -> None:
         """Render ``e``; a closed stdout (``| head``) only stops the text, never the turn."""
@@ -368,6 +379,7 @@ class Printer:
                 self._write(self.out, data["delta"])
                 self._text_open = not data["delta"].endswith("\n")
             elif data["kind"] == "reasoning":
+                self._thought.append(data["delta"])
                 if not self.show_reasoning:
                     self._reasoning_hidden += len(data["delta"])
                     return
@@ -408,6 +420,8 @@ class Printer:
         return f"\x1b[2m{text}\x1b[0m" if self.color else text
 
     def _end_reasoning(self) -> None:
+        if self._thought:
+            self.last_reasoning, self._thought = "".join(self._thought), []
         if self._reasoning_hidden:
             hidden, self._reasoning_hidden = self._reasoning_hidden, 0
             self._write(self.err, self._dim(f"[reasoning hidden, {hidden} characters]") + "\n")
@@ -428,6 +442,14 @@ class Printer:
             self._write(self.out, "\n")
             self._text_open = False
         self._write(self.err, self._dim(line) + "\n")
+
+    def reveal(self) -> None:
+        """``/think``: the last reasoning in full, dimmed."""
+        self._end_reasoning()
+        if not self.last_reasoning:
+            self.note("[no reasoning yet]")
+            return
+        self._write(self.err, self._dim(self.last_reasoning.rstrip("\n")) + "\n")
 
 
 def _isatty(stream: TextIO) -> bool:
@@ -658,7 +680,15 @@ async def _run(args: argparse.Namespace, plan: Plan, out: TextIO, err: TextIO) -
 
 _CHAT_HELP: Final = (
     "/sessions  list stored sessions;  /resume ID  continue one;  /model NAME  switch model;  "
-    "/reasoning  show or hide reasoning;  /queue TEXT  queue a follow-up;  /quit (or Ctrl-D)"
+    "/reasoning  show or hide reasoning;  /think  show the last reasoning;  "
+    "/queue TEXT  queue a follow-up;  /quit (or Ctrl-D)"
+)
+_GREETING: Final = (
+    "Enter sends, typing during a turn steers it, Ctrl-C cancels the turn, Ctrl-D quits; /help"
+)
+_SCREEN_GREETING: Final = (
+    "Enter sends (steers a running turn), Alt-Enter queues, Ctrl-C cancels or clears, "
+    "Ctrl-D quits; /help"
 )
 
 
@@ -751,14 +781,40 @@ class _Chat:
     quit: bool = False
     queued: deque[str] = attrs.field(factory=deque)
     switch: tuple[str, AgentOptions] | None = None
+    screen: _Screen | None = None
+    agent: Agent | None = None
+    session_id: str | None = None
+    window: int | None = None
+    context_used: int | None = None
 
     def prompt(self) -> None:
-        if self.tty:
+        if self.tty and self.screen is None:
             self.err.write("> ")
             self.err.flush()
 
+    def ask(self, question: str | None) -> None:
+        """Ask at the prompt (``None``: back to the usual prompt)."""
+        if self.screen is not None:
+            self.screen.prompt = question or "> "
+            self.screen.refresh()
+        elif question is not None:
+            self.err.write(question)
+            self.err.flush()
+
+    def on_usage(self, used: int) -> None:
+        self.context_used = used
+        if self.agent is not None:
+            self.status(self.agent)
+
     def status(self, agent: Agent) -> None:
-        if self.tty:
+        if self.screen is not None:
+            self.screen.status = status_line(
+                route=f"{self.options.provider}/{self.options.model}", session=agent.id,
+                turn=agent.session.turns, tokens=self.tokens, window=self.window,
+                used=self.context_used, busy=self.screen.busy,
+            )
+            self.screen.refresh()
+        elif self.tty:
             route = f"{self.options.provider}/{self.options.model}"
             self.printer.note(
                 f"[{route} · session {agent.id} · turn {agent.session.turns} · "
@@ -766,7 +822,9 @@ class _Chat:
             )
 
     def on_idle_interrupt(self) -> None:
-        if self.tty:
+        if self.screen is not None:
+            self.printer.note("(Ctrl-D quits)")
+        elif self.tty:
             # Ctrl-C at the prompt leaves the chat running: Ctrl-D is the way out.
             self.err.write("\n(Ctrl-D quits)\n> ")
             self.err.flush()
@@ -774,9 +832,7 @@ class _Chat:
             self.interrupts.scope.cancel()
 
     async def approve(self, agent: Agent, event: SessionEvent) -> None:
-        name = event.data["name"]
-        self.err.write(f"approve {name}? [y/n] ")
-        self.err.flush()
+        self.ask(f"approve {event.data['name']}? [y/n] ")
         if self.tty:
             await trio.lowlevel.checkpoint()  # the reader beside the turn takes the answer
             return
@@ -787,13 +843,14 @@ class _Chat:
         word = (line or "").strip().lower()
         if word in ("y", "yes"):
             agent.approve(call_id)
-            return True
-        if word in ("n", "no") or line is None:
+        elif word in ("n", "no") or line is None:
             agent.deny(call_id, "denied at the terminal")
-            return True
-        self.err.write("answer y or n: ")
-        self.err.flush()
-        return False
+        else:
+            self.ask("answer y or n: ")
+            return False
+        if self.screen is not None:
+            self.ask(None)
+        return True
 
     async def beside_turn(self, agent: Agent) -> None:
         """Lines typed while a turn runs: approval answers, follow-ups, else steering."""
@@ -819,11 +876,21 @@ class _Chat:
                 self.queued.append(text)
 
     async def turn(self, agent: Agent, text: str) -> None:
-        async with trio.open_nursery() as nursery:
-            if self.tty:
-                nursery.start_soon(self.beside_turn, agent)
-            outcome = await _show_turn(agent, text, self.printer, self.interrupts, self.approve)
-            nursery.cancel_scope.cancel()
+        if self.screen is not None:
+            self.screen.busy = True
+            self.status(agent)
+        try:
+            async with trio.open_nursery() as nursery:
+                if self.tty:
+                    nursery.start_soon(self.beside_turn, agent)
+                outcome = await _show_turn(
+                    agent, text, self.printer, self.interrupts, self.approve
+                )
+                nursery.cancel_scope.cancel()
+        finally:
+            if self.screen is not None:
+                self.screen.busy = False
+                self.ask(None)
         self.code = outcome.code
         self.tokens += _token_count(outcome.usage)
         if outcome.code == EXIT_INTERRUPTED:
@@ -840,8 +907,13 @@ class _Chat:
             self.printer.note(_CHAT_HELP)
         elif name == "/reasoning":
             self.printer.show_reasoning = not self.printer.show_reasoning
-            shown = "shown" if self.printer.show_reasoning else "hidden"
+            if self.screen is not None:
+                shown = "expanded" if self.printer.show_reasoning else "collapsed"
+            else:
+                shown = "shown" if self.printer.show_reasoning else "hidden"
             self.printer.note(f"[reasoning {shown}]")
+        elif name == "/think":
+            self.printer.reveal()
         elif name == "/queue" and arg:
             self.queued.append(arg)
         elif name == "/sessions":
@@ -866,9 +938,34 @@ class _Chat:
         else:
             self.printer.note(f"[unknown command {name}] {_CHAT_HELP}")
 
+    async def sessions(self, wanted: str) -> None:
+        """Talk in session ``wanted``, then in each one ``/resume`` or ``/model`` switches to."""
+        while True:
+            async with await _open_agent(self.rt, self.plan, wanted, self.options,
+                                         "chat") as handle:
+                agent = handle.agent
+                self.session_id = agent.id
+                _header(self.err, self.plan, self.options, agent.id)
+                if self.tty and not self.plan.quiet:
+                    greeting = _GREETING if self.screen is None else _SCREEN_GREETING
+                    self.printer.note(greeting)
+                provider = self.options.provider
+                adapter = self.rt.llm.adapter(provider) if provider else None
+                self.window = context_window(adapter, self.options.model, self.plan.config)
+                self.context_used = last_context_use(agent.session.events)
+                await self.talk(agent)
+            if self.switch is None:
+                return
+            wanted, self.options = self.switch
+            self.switch = None
+
     async def talk(self, agent: Agent) -> None:
         """Turns with ``agent`` until Ctrl-D, ``/quit``, or a switch of session or model."""
         self.interrupts.on_idle = self.on_idle_interrupt
+        self.agent = agent
+        if self.screen is not None:
+            self.screen.talking = True
+            self.status(agent)
         while not self.quit and self.switch is None:
             if self.queued:
                 await self.turn(agent, self.queued.popleft())
@@ -889,6 +986,10 @@ class _Chat:
 
 
 async def _chat(args: argparse.Namespace, plan: Plan, out: TextIO, err: TextIO) -> int:
+    from ._cli_screen import _chat_on_screen, _screen_fits
+
+    if _screen_fits(args, out, err):
+        return await _chat_on_screen(plan, out, err)
     tty = _isatty(sys.stdin)
     source = _LineSource(tty)
     source.setup()
@@ -904,19 +1005,10 @@ async def _chat(args: argparse.Namespace, plan: Plan, out: TextIO, err: TextIO) 
             tx, rx = trio.open_memory_channel[str](0)
             nursery.start_soon(source.feed, tx)
             chat = _Chat(plan, rt, out, err, interrupts, rx, tty, plan.options, Printer(out, err))
-            wanted = plan.resume or plan.session or _fresh_id("chat")
-            while True:
-                async with await _open_agent(rt, plan, wanted, chat.options, "chat") as handle:
-                    session_id = handle.agent.id
-                    _header(err, plan, chat.options, session_id)
-                    if tty and not plan.quiet:
-                        chat.printer.note("Enter sends, typing during a turn steers it, Ctrl-C "
-                                          "cancels the turn, Ctrl-D quits; /help")
-                    await chat.talk(handle.agent)
-                if chat.switch is None:
-                    break
-                wanted, chat.options = chat.switch
-                chat.switch = None
+            try:
+                await chat.sessions(plan.resume or plan.session or _fresh_id("chat"))
+            finally:
+                session_id = chat.session_id
             code = chat.code
             nursery.cancel_scope.cancel()
     finally:
@@ -1193,6 +1285,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("prompt", metavar="PROMPT", help="the prompt ('-' reads it from stdin)")
     chat = commands.add_parser("chat", parents=[common], help="chat in one session")
     _add_agent_options(chat)
+    chat.add_argument("--plain", action="store_true",
+                      help="line input (readline) and plain text, not the terminal UI")
     sessions = commands.add_parser("sessions", help="read stored sessions")
     which = sessions.add_subparsers(dest="sessions_command", required=True, metavar="ACTION")
     listing = which.add_parser("list", parents=[common], help="list stored sessions")

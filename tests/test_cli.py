@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import importlib.util
+import io
+import itertools
 import json
 import os
 import re
@@ -17,13 +20,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
 from conftest import read_only_prefix
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agentloop import Config
 from agentloop._cli import CliError, choose_route, main
@@ -805,3 +810,178 @@ def test_sessions_show_prints_each_turns_usage_and_the_session_total() -> None:
     lines = list(transcript(events))
     assert lines[1] == "--- turn 1 ended: completed, tokens: in 12, out 3, cache read 8 ---"
     assert lines[3] == "--- turn 2 ended: completed ---"
+
+
+# --- the terminal UI's parts (the screen itself: tests/test_cli_tui.py) ---------------------
+
+MARKDOWN_DOC = """# Title
+Para line one
+line two
+
+- a
+- b
+
+  continued item paragraph
+- c
+
+```py
+x = 1
+
+y = 2
+```
+Tail with **bold**"""
+
+MARKDOWN_BLOCKS = [
+    "# Title",
+    "Para line one\nline two",
+    "- a\n- b\n\n  continued item paragraph\n- c",
+    "```py\nx = 1\n\ny = 2\n```",
+    "Tail with **bold**",
+]
+
+
+def _blocks_of(chunks: Sequence[str]) -> list[str]:
+    from agentloop._cli_render import MarkdownBlocks
+
+    splitter = MarkdownBlocks()
+    out = [block for chunk in chunks for block in splitter.feed(chunk)]
+    rest = splitter.finish()
+    return out if rest is None else [*out, rest]
+
+
+def test_markdown_blocks_close_at_blank_lines_headings_and_fences() -> None:
+    from agentloop._cli_render import MarkdownBlocks
+
+    assert _blocks_of([MARKDOWN_DOC]) == MARKDOWN_BLOCKS
+    splitter = MarkdownBlocks()
+    # A heading closes at once; a paragraph waits for the next block to start (a list item's
+    # indented paragraph would still belong to it).
+    assert splitter.feed("## Now\nSome text\n\n") == ["## Now"]
+    assert splitter.view().count == 1
+    assert splitter.feed("   more of it\nlazily continued\n") == []
+    assert splitter.feed("\nNext\n") == ["Some text\n\n   more of it\nlazily continued"]
+    # Blank lines inside a fence do not close it; the closing fence does.
+    assert splitter.feed("~~~\n\n\nstill code\n") == ["Next"]
+    assert splitter.feed("~~~\n") == ["~~~\n\n\nstill code\n~~~"]
+    assert splitter.finish() is None
+
+
+@given(cuts=st.lists(st.integers(0, len(MARKDOWN_DOC)), max_size=30))
+def test_markdown_blocks_do_not_depend_on_how_the_text_was_chunked(cuts: list[int]) -> None:
+    points = sorted({0, *cuts, len(MARKDOWN_DOC)})
+    chunks = [MARKDOWN_DOC[a:b] for a, b in itertools.pairwise(points)]
+    assert _blocks_of(chunks) == MARKDOWN_BLOCKS
+
+
+needs_tui = pytest.mark.skipif(
+    importlib.util.find_spec("rich") is None, reason="the tui extra (rich) is not installed"
+)
+
+
+@needs_tui
+def test_a_block_is_rendered_with_styles_and_without_its_markup() -> None:
+    from agentloop._cli_render import MarkdownRenderer
+
+    rendered = MarkdownRenderer().render("Some **bold** and `code`.", 60)
+    assert "\x1b[1mbold\x1b[0m" in rendered
+    assert "**" not in rendered and "`" not in rendered
+    assert rendered.endswith(".\n")  # no padding to the width, no blank lines around it
+    listing = MarkdownRenderer().render("- one\n- two", 60)
+    assert re.sub(r"\x1b\[[0-9;]*m", "", listing) == " • one\n • two\n"
+
+
+@needs_tui
+def test_the_live_area_draws_only_the_tail_of_a_long_open_block() -> None:
+    from agentloop._cli_render import MarkdownBlocks, MarkdownRenderer, live_markdown
+
+    splitter = MarkdownBlocks()
+    assert splitter.feed("```\n" + "".join(f"line {i}\n" for i in range(5000)) + "line 50") == []
+    draw = live_markdown(splitter.view())
+    assert draw is not None
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", draw(MarkdownRenderer(), 60, 8)).splitlines()
+    assert len(shown) <= 8
+    assert [row.strip() for row in shown if row.strip()][-2:] == ["line 4999", "line 50"]
+    # The view does not move with later input.
+    splitter.feed("00\n```\n")
+    again = re.sub(r"\x1b\[[0-9;]*m", "", draw(MarkdownRenderer(), 60, 8)).splitlines()
+    assert again == shown
+
+
+def test_the_context_window_comes_from_the_config_the_adapter_or_the_model_name() -> None:
+    from agentloop._cli_render import context_window
+
+    @attrs.frozen
+    class Sized:
+        context_tokens: int
+
+    @attrs.frozen
+    class Wrapper:
+        wrapped: object
+
+    plain = Config()
+    compact = load_config({"compact": {"max_context_tokens": 9000}})
+    assert context_window(Sized(2048), "m", compact) == 9000
+    assert context_window(Sized(2048), "m", plain) == 2048
+    assert context_window(Wrapper(Sized(4096)), "m", plain) == 4096
+    assert context_window(None, "gpt-4o-mini", plain) == 128_000
+    assert context_window(None, "claude-3-5-haiku-latest", plain) == 200_000
+    assert context_window(None, "my-model", plain) is None
+    assert context_window(object(), None, plain) is None
+
+
+def test_the_status_line_says_the_context_left() -> None:
+    from agentloop._cli_render import context_use, status_line
+
+    used = context_use({"input_tokens": 1500, "output_tokens": 36, "cache_read_tokens": 12})
+    assert used == 1548
+    line = status_line(route="local/gemma", session="s1", turn=3, tokens=4321, window=2048,
+                       used=used, busy=False)
+    assert line == ("local/gemma · turn 3 · 4,321 tokens · context left 500/2,048 (24%) · "
+                    "idle · session s1")
+    line = status_line(route="p/m", session="s1", turn=1, tokens=0, window=None, used=None,
+                       busy=True)
+    assert "context left unknown" in line and "running, Ctrl-C cancels" in line
+    assert context_use(None) is None and context_use({"other": 1}) is None
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_screen_ui_needs_a_terminal_and_the_extra_and_plain_turns_it_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agentloop._cli import build_parser
+    from agentloop._cli_render import tui_available
+    from agentloop._cli_screen import _screen_fits
+
+    monkeypatch.setenv("TERM", "xterm")
+    monkeypatch.setattr(sys, "stdin", _Tty())
+    tty = _Tty()
+    args = build_parser().parse_args(["chat"])
+    plain = build_parser().parse_args(["chat", "--plain"])
+    if tui_available():
+        assert _screen_fits(args, tty, tty)
+    assert not _screen_fits(plain, tty, tty)
+    assert not _screen_fits(args, io.StringIO(), tty)  # stdout is a file
+    monkeypatch.setenv("TERM", "dumb")
+    assert not _screen_fits(args, tty, tty)
+    monkeypatch.setenv("TERM", "xterm")
+    # Without the extra the chat keeps the line UI (readline).
+    monkeypatch.setitem(sys.modules, "prompt_toolkit", None)
+    assert not tui_available()
+    assert not _screen_fits(args, tty, tty)
+
+
+@pytest.mark.slow
+def test_think_prints_the_last_reasoning_again(
+    config: Path, fake: FakeOpenAI, env: dict[str, str]
+) -> None:
+    fake.replies.append(Reply(chunks=["Blue."], reasoning=["Light ", "scatters."]))
+    done = cli("chat", "--config", str(config), "--no-persist", "-q", env=env,
+               stdin="why?\n/reasoning\n/think\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "Blue.\n"
+    assert done.stderr.splitlines() == ["Light scatters.", "[reasoning hidden]",
+                                        "Light scatters."]

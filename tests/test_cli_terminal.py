@@ -126,7 +126,10 @@ def _chat(tmp_path: Path, fake: FakeOpenAI, env: dict[str, str], *extra: str) ->
         f'[providers.fake]\nkind = "openai"\nbase_url = "{fake.url}"\nmodel = "fake-model"\n'
     )
     store = [] if "--no-persist" in extra else ["--db", str(tmp_path / "s.db")]
-    argv = [sys.executable, "-m", "agentloop", "chat", "--config", str(config), *store, *extra]
+    # The line-based chat: with the tui extra installed a terminal gets the screen UI instead
+    # (tests/test_cli_tui.py).
+    argv = [sys.executable, "-m", "agentloop", "chat", "--plain", "--config", str(config),
+            *store, *extra]
     return Terminal(argv, env)
 
 
