@@ -364,14 +364,21 @@ class _Run:
     async def _wait_once(self) -> None:
         """Wait for a call to finish, an answer or an approval deadline; then apply it."""
         if not self._take_answers():
-            self.changed = trio.Event()
+            # Waited on about once per call: an unset event is kept, and without an approval
+            # deadline there is no cancel scope to build.
+            if self.changed.is_set():
+                self.changed = trio.Event()
             # Waiting only for a person: the agent counts as settled for wait_idle().
             blocked = self.in_flight == 0 and not self.ready and self.parked > 0
             if blocked:
                 self.agent._set_blocked(True)
             try:
-                with trio.move_on_at(self._deadline()):
+                deadline = self._deadline()
+                if deadline == math.inf:
                     await self.changed.wait()
+                else:
+                    with trio.move_on_at(deadline):
+                        await self.changed.wait()
             finally:
                 if blocked:
                     self.agent._set_blocked(False)

@@ -563,8 +563,32 @@ def _compile(schema: object) -> _Check:
         elif on_number is not None and _is_type(value, "number"):
             on_number(value, path, out)
 
-    if not gates and any_of is None and not (on_object or on_array or on_string or on_number):
-        return _accept
+    if any_of is None and not (on_object or on_array or on_string or on_number):
+        # A leaf (most of a tool's parameters): its gates alone, without the dispatch.
+        if not gates:
+            return _accept
+        return _leaf(gates)
+    return check
+
+
+def _leaf(gates: list[Callable[[object], str | None]]) -> _Check:
+    if len(gates) == 1:
+        [gate] = gates
+
+        def check_one(value: object, path: str, out: list[str]) -> None:
+            problem = gate(value)
+            if problem is not None:
+                out.append(_at(path, problem))
+
+        return check_one
+
+    def check(value: object, path: str, out: list[str]) -> None:
+        for gate in gates:
+            problem = gate(value)
+            if problem is not None:
+                out.append(_at(path, problem))
+                return
+
     return check
 
 
@@ -582,8 +606,13 @@ def _compile_gates(schema: Mapping[str, Any]) -> list[Callable[[object], str | N
         gates.append(type_gate)
     if "enum" in schema:
         options = list(schema["enum"])
+        # A string equals a string option exactly when _same says so: the common case is one
+        # set lookup.
+        strings = frozenset(o for o in options if type(o) is str)
 
         def enum_gate(value: object) -> str | None:
+            if type(value) is str and value in strings:
+                return None
             if any(_same(value, option) for option in options):
                 return None
             shown = ", ".join(_literal(option) for option in options)
@@ -658,6 +687,7 @@ def _compile_any_of(branches: Sequence[Any]) -> _Check:
 def _compile_object(schema: Mapping[str, Any]) -> _Check | None:
     properties: Mapping[str, Any] = schema.get("properties") or {}
     required = tuple(schema.get("required", ()))
+    required_keys = frozenset(required)
     extra = schema.get("additionalProperties", True)
     checks = {name: _compile(sub) for name, sub in properties.items()}
     extra_check = None if extra is False else _compile(extra)
@@ -671,7 +701,7 @@ def _compile_object(schema: Mapping[str, Any]) -> _Check | None:
 
     def check(value: object, path: str, out: list[str]) -> None:
         assert isinstance(value, Mapping)
-        if required:
+        if required and not value.keys() >= required_keys:
             out.extend(
                 f"{_join(path, name)}: missing required field" for name in required
                 if name not in value
