@@ -935,9 +935,11 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                     output_schema=spec.schema if spec is not None and native else None,
                     output_name=spec.name if spec is not None else "output",
                 )
-                stream = await prepared.open(request, agent_id=self.id)
+                stream, guard = await prepared.serve(request, agent_id=self.id)
                 judge = None if spec is None else functools.partial(check_output, spec, native)
-                outcome = await fold_stream(self.session, turn.number, step, stream, judge)
+                outcome = await fold_stream(
+                    self.session, turn.number, step, stream, judge, failure=guard
+                )
                 break
             except ProviderError as err:
                 failure = err

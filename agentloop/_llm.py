@@ -15,10 +15,10 @@ from ._model import CallConfig, LLMRequest, StreamPart
 from .llm._base import ModelAdapter, as_adapter, check_retry
 from .llm._retry import RetryPolicy
 
-__all__ = ["LLMService", "PreparedCall", "Registration"]
+__all__ = ["LLMService", "PreparedCall", "Registration", "close_stream", "CLOSE_SECONDS"]
 
 # Closing a stream releases the adapter's connection; bounded, as all shielded cleanup is.
-_CLOSE_SECONDS: Final = 5.0
+CLOSE_SECONDS: Final = 5.0
 
 
 @attrs.frozen(eq=False, slots=True)
@@ -57,7 +57,8 @@ class PreparedCall:
         return None if self.registration is None else self.registration.retry
 
     async def open(self, request: LLMRequest, *, agent_id: str) -> AsyncIterator[StreamPart]:
-        """The stream of parts for ``request``: an ``llm/stream`` handler's, else the adapter's.
+        """The stream of parts for ``request``: an ``llm/stream`` handler's, else the adapter's,
+        with any exception but a ``ProviderError`` raised as one (see :meth:`serve`).
 
         ``request.config`` should be :attr:`config`. The adapter is the one pinned at
         preparation, even if the route was re-registered or disposed since. ``agent_id`` is
@@ -66,11 +67,24 @@ class PreparedCall:
         Raises:
             ProviderError: ``code="NO_ADAPTER"`` when neither an adapter nor a handler serves it.
         """
+        stream, failure = await self.serve(request, agent_id=agent_id)
+        return stream if failure is None else _guarded(stream, failure)
+
+    async def serve(
+        self, request: LLMRequest, *, agent_id: str
+    ) -> tuple[AsyncIterator[StreamPart], Callable[[Exception], ProviderError] | None]:
+        """:meth:`open` for a reader that guards the stream itself: the raw stream, and what
+        an exception of it (but a ``ProviderError``) must be raised as, or ``None`` when the
+        adapter raises only provider errors.
+
+        The driver folds the stream in one loop: an async generator around it would stand
+        between every part (and every checkpoint of the stream) and the driver.
+        """
         bus = self._service._bus
         if bus.has_listeners(LlmStream):
             served = await bus.emit(LlmStream(agent_id, request, self.registration is not None))
             if served is not None:
-                return _guarded(_as_iterator(served), "an llm/stream handler's stream")
+                return _as_iterator(served), _failure_of("an llm/stream handler's stream")
         if self.registration is None:
             raise ProviderError(
                 f"no adapter is registered for provider {request.config.provider!r} "
@@ -88,8 +102,8 @@ class PreparedCall:
             failure = _adapter_error(exc, where)
         else:
             if adapter._raises_provider_errors:
-                return stream  # the per-chunk path without an extra layer
-            return _guarded(stream, where)
+                return stream, None
+            return stream, _failure_of(where)
         raise failure
 
 
@@ -180,7 +194,22 @@ def _adapter_error(exc: Exception, where: str) -> ProviderError:
     return error
 
 
-async def _guarded(stream: AsyncIterator[StreamPart], where: str) -> AsyncIterator[StreamPart]:
+def _failure_of(where: str) -> Callable[[Exception], ProviderError]:
+    return lambda exc: _adapter_error(exc, where)
+
+
+async def close_stream(stream: object) -> None:
+    """Close a stream a model call was served by, shielded and bounded: a cancelled turn
+    must still let the adapter release its connection, but never wait on it for long."""
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        with trio.move_on_after(CLOSE_SECONDS, shield=True):
+            await aclose()
+
+
+async def _guarded(
+    stream: AsyncIterator[StreamPart], failure_of: Callable[[Exception], ProviderError]
+) -> AsyncIterator[StreamPart]:
     """``stream``, with any exception but a ``ProviderError`` raised as one.
 
     So the request-error hooks (the retry plugin, the user's) see every failed call. The
@@ -193,12 +222,9 @@ async def _guarded(stream: AsyncIterator[StreamPart], where: str) -> AsyncIterat
     except ProviderError:
         raise
     except Exception as exc:  # noqa: BLE001 - see above
-        failure = _adapter_error(exc, where)
+        failure = failure_of(exc)
     finally:
-        aclose = getattr(stream, "aclose", None)
-        if aclose is not None:
-            with trio.move_on_after(_CLOSE_SECONDS, shield=True):
-                await aclose()
+        await close_stream(stream)
     if failure is not None:
         raise failure
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -21,6 +21,7 @@ import trio
 from . import _log
 from ._errors import InvalidContent, ProviderError
 from ._json import FrozenDict, freeze, freeze_repaired, repair_text, text_problem
+from ._llm import close_stream
 from ._model import Finish, ReasoningDelta, StreamPart, TextDelta, ToolCall, ToolCallDelta
 from ._output import Verdict
 from ._session import Session
@@ -116,11 +117,15 @@ def _repaired(value: str | None) -> str | None:
 async def fold_stream(
     session: Session, turn: int, step: int, stream: AsyncIterator[StreamPart],
     judge: Callable[[str, tuple[ToolCall, ...]], Verdict] | None = None,
+    *, failure: Callable[[Exception], ProviderError] | None = None,
 ) -> StepOutcome:
     """Log every part of ``stream`` for ``step`` of ``turn`` and anchor the reply.
 
     ``judge`` checks a structured-output turn's reply before it is anchored, so that a valid
-    output is recorded on the anchor itself.
+    output is recorded on the anchor itself. With ``failure`` (from ``PreparedCall.serve``),
+    an exception of the stream other than a ``ProviderError`` is raised as ``failure(exc)``
+    and the stream is closed shielded and bounded; the guard is this loop, not a wrapper
+    around the stream, so nothing stands between a part (or a checkpoint) and the driver.
     """
     append = session.append
     text: list[str] = []
@@ -133,15 +138,21 @@ async def fold_stream(
     calls: dict[int, _CallParts] = {}
     finish: Finish | None = None
     try:
-        closing = (
-            contextlib.aclosing(stream) if hasattr(stream, "aclose")  # type: ignore[type-var]
-            else contextlib.nullcontext(stream)
-        )
         # Parts are dispatched on their exact class (one identity test each, on the per-chunk
         # path), which a type checker cannot follow: hence Any.
-        parts: AsyncIterator[Any] = stream
-        async with closing:
-            async for part in parts:
+        next_part: Callable[[], Awaitable[Any]] = stream.__anext__
+        try:
+            while True:
+                try:
+                    part = await next_part()
+                except StopAsyncIteration:
+                    break
+                except ProviderError:
+                    raise
+                except Exception as exc:
+                    if failure is None:
+                        raise
+                    raise failure(exc) from exc
                 cls = type(part)
                 if cls is TextDelta or cls is ReasoningDelta:
                     is_text = cls is TextDelta
@@ -199,6 +210,11 @@ async def fold_stream(
                         f"the adapter yielded {part!r}, which is not a stream part",
                         code="invalid_stream",
                     )
+        finally:
+            if failure is not None:
+                await close_stream(stream)
+            elif hasattr(stream, "aclose"):
+                await stream.aclose()
     except trio.Cancelled:
         if visible:
             # What the user already saw stays: an interrupted anchor cites exactly it.
