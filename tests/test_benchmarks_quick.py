@@ -2,12 +2,14 @@
 
 Nothing here reads a figure (figures are the scripts' business, not the suite's); a script
 that raises, prints nothing or loses a section fails. The peers are not installed here, so
-the peer runner is run on the agentloop entry and its floor only, and on two of its workloads
-(W4 runs the same turn as W1), to keep the file to a few seconds.
+the peer runner is run on the agentloop entries and the floors only: W1 and W3 on one agentloop
+entry (W4 runs the same turn as W1), W2 on both agentloop entries and both floors, to keep the
+file to a few seconds.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -50,15 +52,49 @@ def test_profile_step_quick_prints_the_top_functions_per_step() -> None:
     assert "agentloop/" in out, out
 
 
+def table_rows(out: str) -> list[list[str]]:
+    table = [line for line in out.splitlines() if line.startswith("| ")]
+    return [[cell.strip() for cell in line.split("|")[1:-1]] for line in table[2:]]
+
+
+def is_figure(cell: str) -> bool:
+    return cell.rstrip("x").replace(",", "").replace(".", "").isdigit()
+
+
+# Columns of the runner's table: entry, W1 (2), W2 (4), W3 (2), W4 (1).
+W1, W2, W3, W4 = slice(1, 3), slice(3, 7), slice(7, 9), slice(9, 10)
+
+
 def test_peer_runner_quick_on_the_agentloop_entry() -> None:
     out = run_script(str(BENCHMARKS / "peers" / "run.py"), "--quick", "--rounds", "1",
                      "--only", "FunctionModel", "--workloads", "w1", "w3")
-    table = [line for line in out.splitlines() if line.startswith("| ")]
-    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in table[2:]]
+    rows = table_rows(out)
     assert [row[0] for row in rows] == ["bare trio", "agentloop (FunctionModel)"], out
     for row in rows:
-        # W1, its ratio, W3 and its ratio are figures; W4 was not run.
-        assert all(cell.rstrip("x").replace(",", "").replace(".", "").isdigit()
-                   for cell in row[1:5]), row
-        assert row[5] == "n/a", row
+        assert all(is_figure(cell) for cell in row[W1] + row[W3]), row
+        assert all(cell == "n/a" for cell in row[W2] + row[W4]), row
     assert "error" not in out, out
+
+
+def test_peer_runner_quick_w2_on_agentloop_and_the_floors(tmp_path: Path) -> None:
+    results = tmp_path / "results.json"
+    out = run_script(str(BENCHMARKS / "peers" / "run.py"), "--quick", "--rounds", "1",
+                     "--only", "agentloop", "asyncio", "--workloads", "w2",
+                     "--json", str(results))
+    rows = table_rows(out)
+    assert [row[0] for row in rows] == [
+        "bare trio", "bare asyncio", "agentloop (FunctionModel)", "agentloop (ScriptedModel)",
+    ], out
+    for row in rows:
+        assert all(is_figure(cell) for cell in row[W2]), row
+        assert all(cell == "n/a" for cell in row[W1] + row[W3] + row[W4]), row
+    assert "error" not in out, out
+    recorded = json.loads(results.read_text())["results"]
+    for label, row in recorded.items():
+        assert row["errors"] == [], (label, row)
+        runs, steps = row["w2_size"]
+        assert runs > 1 and steps > 1, row
+        # The figures the table and the chart read are the same wall time, divided.
+        assert row["w2_ms_per_run"] == pytest.approx(row["w2_wall_ms"] / runs)
+        assert row["w2_us_per_step"] == pytest.approx(row["w2_wall_ms"] * 1000 / runs / steps)
+        assert row["w2_peak_bytes"] > 0, row

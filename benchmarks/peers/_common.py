@@ -7,6 +7,12 @@ Each ``bench_*.py`` in this folder runs one workload in its own process and prin
   ``CHUNK_SIZE`` characters and makes one call of a trivial ``noop`` tool; the last step
   answers without a tool. Figure: microseconds per step, median of ``runs`` turns after a
   warm-up turn.
+- **W2**: ``CONCURRENT`` independent runs started at once in one process, each a turn of the
+  W1 shape with ``W2_STEPS`` steps; the agents a framework needs are made before the clock.
+  Figures: the wall time from the start to the last run's end (median of ``W2_BATCHES``
+  batches after a smaller warm-up batch), divided per run (ms) and per step (us); then, in a
+  pass of its own (``tracemalloc`` slows everything down), the peak traced Python bytes per
+  run of one more batch, its agents included.
 - **W3**: ``IDLE`` agents, each with its own 2-message conversation, held idle and ready for
   the next turn. Figure: traced Python bytes (``tracemalloc``) per agent.
 - **W4**: the W1 turn on conversations seeded with ``HISTORY`` (10 and 1,000) messages,
@@ -31,11 +37,18 @@ CHUNK_SIZE = 5
 TEXT = "abcde" * CHUNKS
 PIECES = [TEXT[i : i + CHUNK_SIZE] for i in range(0, len(TEXT), CHUNK_SIZE)]
 RUNS = 5
+CONCURRENT = 500
+W2_STEPS = 5
+W2_BATCHES = 3
+W2_WARMUP = 50
 IDLE = 2000
 HISTORY = (10, 1000)
 
 QUICK_STEPS = 5
 QUICK_RUNS = 2
+QUICK_CONCURRENT = 20
+QUICK_W2_STEPS = 3
+QUICK_W2_BATCHES = 1
 QUICK_IDLE = 50
 QUICK_HISTORY = (10, 50)
 
@@ -47,15 +60,18 @@ class Sizes:
         self.quick = quick
         self.steps = QUICK_STEPS if quick else STEPS
         self.runs = QUICK_RUNS if quick else RUNS
+        self.concurrent = QUICK_CONCURRENT if quick else CONCURRENT
+        self.w2_steps = QUICK_W2_STEPS if quick else W2_STEPS
+        self.w2_batches = QUICK_W2_BATCHES if quick else W2_BATCHES
         self.idle = QUICK_IDLE if quick else IDLE
         self.history = QUICK_HISTORY if quick else HISTORY
 
 
 def parse_args(entries: list[str]) -> tuple[str, str, Sizes]:
-    """``--entry NAME --workload w1|w3|w4 [--quick]``."""
+    """``--entry NAME --workload w1|w2|w3|w4 [--quick]``."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--entry", choices=entries, default=entries[0])
-    parser.add_argument("--workload", choices=["w1", "w3", "w4"], required=True)
+    parser.add_argument("--workload", choices=["w1", "w2", "w3", "w4"], required=True)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     return args.entry, args.workload, Sizes(args.quick)
@@ -109,6 +125,31 @@ async def time_histories(make_turn: Callable[[int], Turn], sizes: Sizes) -> dict
             runs[size].append(await timed(t) / sizes.steps / 1000)
     a, b = statistics.median(runs[small]), statistics.median(runs[large])
     return {"small": small, "large": large, "small_us": a, "large_us": b, "ratio": b / a}
+
+
+Batch = Callable[[int], Awaitable[int | None]]
+
+
+async def time_concurrent(batch: Batch, sizes: Sizes) -> dict[str, Any]:
+    """W2: ``batch(n)`` starts ``n`` runs at once and returns when all of them ended.
+
+    Like a turn (see :func:`timed`), a batch may return its own nanoseconds, to leave out
+    making its agents and closing them. A warm-up batch of ``W2_WARMUP`` runs (a full one
+    would double the time of the slowest peers for nothing: the code paths are warm after a
+    few runs), ``sizes.w2_batches`` timed ones of ``sizes.concurrent``, then one more under
+    ``tracemalloc`` for the peak traced bytes above the level before it.
+    """
+    n = sizes.concurrent
+    await batch(min(W2_WARMUP, n))
+    walls = [await timed(lambda: batch(n)) for _ in range(sizes.w2_batches)]
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    await batch(n)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return {"runs": n, "steps": sizes.w2_steps, "wall_ms": [w / 1e6 for w in walls],
+            "peak_bytes_per_run": (peak - before) / n}
 
 
 def traced_bytes_per(count: int, build: Callable[[], object]) -> float:

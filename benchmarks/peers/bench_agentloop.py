@@ -4,6 +4,12 @@
 is, not an installed copy. Both test doubles stream without any network; the function model
 checkpoints once per text chunk, as every fake model in this folder does, and the scripted one
 once per part (12 per step), as ``benchmarks/bench_core.py`` measures it.
+
+W2 runs ``CONCURRENT`` agents of one runtime, each answering one ``agent.ask`` in a task of one
+nursery. The agents are created before the clock and closed after it. Their function model is
+one for all of them, so it answers from the request (a final answer once it carries the tool
+results of all earlier steps); the scripted entry gives each agent a route and a
+``ScriptedModel`` of its own, since a scripted reply list is consumed in call order.
 """
 
 from __future__ import annotations
@@ -43,6 +49,21 @@ def make_model(entry: str, steps: int) -> Any:
             yield TextDelta(piece)
         if calls % steps:
             yield ToolCallDelta(0, id=f"call_{calls}", name="noop", arguments="{}")
+            yield Finish("tool_calls")
+        else:
+            yield Finish("stop")
+
+    return FunctionModel(stream)
+
+
+def shared_model(steps: int) -> FunctionModel:
+    async def stream(request: Any) -> AsyncIterator[Any]:
+        done = sum(1 for m in request.messages if m.role == "tool")
+        for piece in c.PIECES:
+            await trio.lowlevel.checkpoint()
+            yield TextDelta(piece)
+        if done < steps - 1:
+            yield ToolCallDelta(0, id=f"call_{done}", name="noop", arguments="{}")
             yield Finish("tool_calls")
         else:
             yield Finish("stop")
@@ -98,8 +119,48 @@ async def main(entry: str, workload: str, sizes: c.Sizes) -> None:
 
             return turn
 
+        async def batch(n: int) -> int:
+            nonlocal made
+            made += 1
+            steps = sizes.w2_steps
+            if entry == "scripted":
+                routes = [f"bench-{made}-{i}" for i in range(n)]
+                unregister = [rt.llm.register(r, make_model(entry, steps)) for r in routes]
+            else:
+                routes = [f"bench-{made}"] * n
+                unregister = [rt.llm.register(routes[0], shared_model(steps))]
+            handles = [
+                await rt.agents.create(
+                    session_id=f"w2-{made}-{i}",
+                    agent_options=agentloop.AgentOptions(provider=route, model="bench"),
+                )
+                for i, route in enumerate(routes)
+            ]
+            results: list[agentloop.RunResult] = []
+
+            async def ask(agent: agentloop.Agent) -> None:
+                results.append(await agent.ask("go"))
+
+            start = time.perf_counter_ns()
+            async with trio.open_nursery() as nursery:
+                for handle in handles:
+                    nursery.start_soon(ask, handle.agent)
+            elapsed = time.perf_counter_ns() - start
+            assert len(results) == n, len(results)
+            assert all(r.reason == "completed" and r.text == c.TEXT for r in results), results[0]
+            tools = [e for e in handles[-1].agent.session.events if e.type == "tool/result"]
+            assert len(tools) == steps - 1, len(tools)
+            async with trio.open_nursery() as nursery:
+                for handle in handles:
+                    nursery.start_soon(handle.aclose)
+            for disposer in unregister:
+                disposer()
+            return elapsed
+
         if workload == "w1":
             c.report(us_per_step=await c.time_turns(turn_on(0), sizes))
+        elif workload == "w2":
+            c.report(**await c.time_concurrent(batch, sizes))
         elif workload == "w4":
             c.report(**await c.time_histories(turn_on, sizes))
         else:

@@ -6,6 +6,10 @@ The client's ``create_stream`` yields the text chunks (one ``asyncio.sleep(0)`` 
 with a ``CreateResult`` carrying, but for the last step, one ``noop`` function call; no network.
 An ``AssistantAgent`` keeps its conversation in its model context, so every turn gets a fresh
 agent (seeded with the history for W4), made before the clock starts.
+
+W2 runs ``CONCURRENT`` such agents, made before the clock, one ``run_stream`` each, in one
+``asyncio.gather``; their client is shared, so it answers from the messages it is sent (a final
+answer once they carry the function results of all earlier steps).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from autogen_core.models import (
     AssistantMessage,
     ChatCompletionClient,
     CreateResult,
+    FunctionExecutionResultMessage,
     ModelInfo,
     RequestUsage,
     UserMessage,
@@ -37,8 +42,9 @@ NO_USAGE = RequestUsage(prompt_tokens=0, completion_tokens=0)
 class FakeClient(ChatCompletionClient):
     """Streams the canned chunks of one step per call."""
 
-    def __init__(self, steps: int) -> None:
+    def __init__(self, steps: int, *, shared: bool = False) -> None:
         self.steps = steps
+        self.shared = shared
         self.calls = 0
 
     async def create(self, *args: Any, **kwargs: Any) -> CreateResult:
@@ -47,13 +53,18 @@ class FakeClient(ChatCompletionClient):
     async def create_stream(self, messages: Sequence[Any], **kwargs: Any
                             ) -> AsyncGenerator[str | CreateResult, None]:
         self.calls += 1
+        if self.shared:
+            done = sum(isinstance(m, FunctionExecutionResultMessage) for m in messages)
+            call, more = done + 1, done < self.steps - 1
+        else:
+            call, more = self.calls, self.calls % self.steps != 0
         for piece in c.PIECES:
             await asyncio.sleep(0)
             yield piece
-        if self.calls % self.steps:
+        if more:
             yield CreateResult(
                 finish_reason="function_calls", usage=NO_USAGE, cached=False, thought=c.TEXT,
-                content=[FunctionCall(id=f"call_{self.calls}", name="noop", arguments="{}")],
+                content=[FunctionCall(id=f"call_{call}", name="noop", arguments="{}")],
             )
         else:
             yield CreateResult(finish_reason="stop", content=c.TEXT, usage=NO_USAGE,
@@ -132,8 +143,31 @@ async def main(workload: str, sizes: c.Sizes) -> None:
 
         return turn
 
+    shared = FakeClient(sizes.w2_steps, shared=True)
+
+    async def one_run(agent: AssistantAgent) -> TaskResult | None:
+        result = None
+        async for item in agent.run_stream(task="go"):
+            result = item
+        return result if isinstance(result, TaskResult) else None
+
+    async def batch(n: int) -> int:
+        agents = [make_agent(shared, [], sizes.w2_steps) for _ in range(n)]
+        start = time.perf_counter_ns()
+        results = await asyncio.gather(*(one_run(a) for a in agents))
+        elapsed = time.perf_counter_ns() - start
+        for result in results:
+            assert result is not None
+            assert result.messages[-1].to_text() == c.TEXT, result.messages[-1]
+        assert results[-1] is not None
+        executed = [m for m in results[-1].messages if m.type == "ToolCallExecutionEvent"]
+        assert len(executed) == sizes.w2_steps - 1, len(executed)
+        return elapsed
+
     if workload == "w1":
         c.report(us_per_step=await c.time_turns(turn_on(0), sizes))
+    elif workload == "w2":
+        c.report(**await c.time_concurrent(batch, sizes))
     elif workload == "w4":
         c.report(**await c.time_histories(turn_on, sizes))
     else:

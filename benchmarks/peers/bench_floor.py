@@ -1,9 +1,11 @@
 """The floors: the same logical work with no agent runtime, on bare trio and on bare asyncio.
 
 W1: per step, iterate an async generator of the chunks with one checkpoint each, append every
-chunk to a list and await a trivial tool coroutine. W3: a task parked on one of two memory
-channels (trio) or on one of two queues (asyncio), holding a 2-message list. W4: the W1 loop
-after appending the history to the list (nothing in it reads the history, so it is flat).
+chunk to a list and await a trivial tool coroutine. W2: that loop, ``W2_STEPS`` steps long, in
+each of ``CONCURRENT`` tasks of one nursery (trio) or one ``asyncio.gather`` (asyncio). W3: a
+task parked on one of two memory channels (trio) or on one of two queues (asyncio), holding a
+2-message list. W4: the W1 loop after appending the history to the list (nothing in it reads
+the history, so it is flat).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import trio.testing
 
 
 def w1_turn(sizes: c.Sizes, checkpoint: Callable[[], Awaitable[None]],
-            history: int = 0) -> c.Turn:
+            history: int = 0, steps: int | None = None) -> c.Turn:
+    steps = sizes.steps if steps is None else steps
     seeded = [c.history_text(i) for i in range(history)]
 
     async def tool() -> str:
@@ -32,10 +35,10 @@ def w1_turn(sizes: c.Sizes, checkpoint: Callable[[], Awaitable[None]],
 
     async def turn() -> None:
         log: list[Any] = list(seeded)
-        for step in range(sizes.steps):
+        for step in range(steps):
             async for chunk in chunks():
                 log.append(chunk)  # noqa: PERF401 - one append per chunk, as a runtime does
-            if step < sizes.steps - 1:
+            if step < steps - 1:
                 log.append(await tool())
 
     return turn
@@ -43,6 +46,26 @@ def w1_turn(sizes: c.Sizes, checkpoint: Callable[[], Awaitable[None]],
 
 async def asyncio_checkpoint() -> None:
     await asyncio.sleep(0)
+
+
+async def trio_w2(sizes: c.Sizes) -> dict[str, Any]:
+    turn = w1_turn(sizes, trio.lowlevel.checkpoint, steps=sizes.w2_steps)
+
+    async def batch(n: int) -> None:
+        async with trio.open_nursery() as nursery:
+            for _ in range(n):
+                nursery.start_soon(turn)
+
+    return await c.time_concurrent(batch, sizes)
+
+
+async def asyncio_w2(sizes: c.Sizes) -> dict[str, Any]:
+    turn = w1_turn(sizes, asyncio_checkpoint, steps=sizes.w2_steps)
+
+    async def batch(n: int) -> None:
+        await asyncio.gather(*(turn() for _ in range(n)))
+
+    return await c.time_concurrent(batch, sizes)
 
 
 async def trio_w3(sizes: c.Sizes) -> float:
@@ -100,13 +123,16 @@ def main() -> None:
     if entry == "trio":
         run: Callable[..., Any] = trio.run
         checkpoint: Callable[[], Awaitable[None]] = trio.lowlevel.checkpoint
+        w2: Callable[[c.Sizes], Awaitable[dict[str, Any]]] = trio_w2
         w3: Callable[[c.Sizes], Awaitable[float]] = trio_w3
     else:
-        run, checkpoint, w3 = asyncio.run, asyncio_checkpoint, asyncio_w3
+        run, checkpoint, w2, w3 = asyncio.run, asyncio_checkpoint, asyncio_w2, asyncio_w3
 
     async def go() -> None:
         if workload == "w1":
             c.report(us_per_step=await c.time_turns(w1_turn(sizes, checkpoint), sizes))
+        elif workload == "w2":
+            c.report(**await w2(sizes))
         elif workload == "w3":
             c.report(bytes_per_agent=await w3(sizes))
         else:

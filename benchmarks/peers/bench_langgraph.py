@@ -5,6 +5,10 @@ node, the prebuilt ``ToolNode`` and ``tools_condition``. The model is a langchai
 ``BaseChatModel`` whose ``_astream`` yields the text chunks (one ``asyncio.sleep(0)`` each) and
 then, but for the last step, one tool-call chunk for ``noop``; no network. The graph is run
 with ``stream_mode="messages"``, so the chunks are streamed out of it, and every one consumed.
+
+W2 runs ``CONCURRENT`` streams of one compiled graph in one ``asyncio.gather``; their model is
+shared, so it answers from the messages it is sent (a final answer once they carry the
+``ToolMessage`` of every earlier step).
 """
 
 from __future__ import annotations
@@ -15,7 +19,13 @@ from typing import Annotated, Any, TypedDict
 
 import _common as c
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    HumanMessage,
+    ToolMessage,
+)
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.tools import tool
 from langgraph.graph import START, StateGraph
@@ -27,6 +37,7 @@ class FakeChat(BaseChatModel):
     """Streams the canned chunks of one step per call."""
 
     steps: int
+    shared: bool = False
     calls: int = 0
 
     @property
@@ -44,14 +55,19 @@ class FakeChat(BaseChatModel):
                        run_manager: Any = None, **kwargs: Any
                        ) -> AsyncIterator[ChatGenerationChunk]:
         self.calls += 1
+        if self.shared:
+            done = sum(isinstance(m, ToolMessage) for m in messages)
+            call, more = done + 1, done < self.steps - 1
+        else:
+            call, more = self.calls, self.calls % self.steps != 0
         for piece in c.PIECES:
             await asyncio.sleep(0)
             # langchain-core reports each chunk to the streaming callbacks itself.
             yield ChatGenerationChunk(message=AIMessageChunk(content=piece))
-        if self.calls % self.steps:
+        if more:
             yield ChatGenerationChunk(message=AIMessageChunk(
                 content="",
-                tool_call_chunks=[{"name": "noop", "args": "{}", "id": f"call_{self.calls}",
+                tool_call_chunks=[{"name": "noop", "args": "{}", "id": f"call_{call}",
                                    "index": 0}],
             ))
 
@@ -103,8 +119,25 @@ async def main(workload: str, sizes: c.Sizes) -> None:
 
         return turn
 
+    shared = make_agent(FakeChat(steps=sizes.w2_steps, shared=True))
+    w2_config = {"recursion_limit": 2 * sizes.w2_steps + 5}
+
+    async def one_run() -> int:
+        chunks = 0
+        async for _ in shared.astream({"messages": [HumanMessage("go")]}, config=w2_config,
+                                      stream_mode="messages"):
+            chunks += 1
+        return chunks
+
+    async def batch(n: int) -> None:
+        counts = await asyncio.gather(*(one_run() for _ in range(n)))
+        least = sizes.w2_steps * c.CHUNKS + 2 * (sizes.w2_steps - 1)
+        assert all(k >= least for k in counts), (least, counts[0])
+
     if workload == "w1":
         c.report(us_per_step=await c.time_turns(turn_on(0), sizes))
+    elif workload == "w2":
+        c.report(**await c.time_concurrent(batch, sizes))
     elif workload == "w4":
         c.report(**await c.time_histories(turn_on, sizes))
     else:

@@ -9,8 +9,10 @@ of the entries rotated by one each round, so no entry always runs first or after
 neighbour. An entry whose packages are not importable is skipped with a note. The agentloop
 entries import the working tree (the repository root goes first on ``PYTHONPATH``).
 
-Figures: W1 is the median over rounds of each process's median microseconds per step; W3 the
-median over rounds of traced bytes per idle agent; W4 the median over rounds of each process's
+Figures: W1 is the median over rounds of each process's median microseconds per step; W2 the
+median over rounds of each process's median wall time of a batch of concurrent runs, shown per
+run (ms) and per step (us), with the median peak traced bytes per run; W3 the median over
+rounds of traced bytes per idle agent; W4 the median over rounds of each process's
 ratio of per-step time at 1,000 to 10 messages. Ratios are to the bare trio floor of the same
 run.
 """
@@ -32,7 +34,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 FLOOR = "bare trio"
-WORKLOADS = ("w1", "w3", "w4")
+WORKLOADS = ("w1", "w2", "w3", "w4")
 
 
 class Entry:
@@ -121,6 +123,15 @@ def summarise(raw: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, dict
                 row["w1_us"] = statistics.median(
                     statistics.median(r["us_per_step"]) for r in good)
                 row["w1_rounds"] = [statistics.median(r["us_per_step"]) for r in good]
+            elif workload == "w2":
+                walls = [statistics.median(r["wall_ms"]) for r in good]
+                runs, steps = good[0]["runs"], good[0]["steps"]
+                row["w2_wall_ms"] = statistics.median(walls)
+                row["w2_rounds"] = walls
+                row["w2_size"] = [runs, steps]
+                row["w2_ms_per_run"] = row["w2_wall_ms"] / runs
+                row["w2_us_per_step"] = row["w2_wall_ms"] * 1000 / (runs * steps)
+                row["w2_peak_bytes"] = statistics.median(r["peak_bytes_per_run"] for r in good)
             elif workload == "w3":
                 row["w3_bytes"] = statistics.median(r["bytes_per_agent"] for r in good)
                 row["w3_rounds"] = [r["bytes_per_agent"] for r in good]
@@ -136,11 +147,14 @@ def summarise(raw: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, dict
 def table(rows: dict[str, dict[str, Any]]) -> str:
     floor = rows.get(FLOOR, {})
     w1_floor, w3_floor = floor.get("w1_us"), floor.get("w3_bytes")
+    w2_floor = floor.get("w2_us_per_step")
     sizes = next((r["w4_sizes"] for r in rows.values() if "w4_sizes" in r), [10, 1000])
+    runs = next((r["w2_size"][0] for r in rows.values() if "w2_size" in r), 500)
     lines = [
-        (f"| Entry | W1 us/step | W1 / floor | W3 KB/agent | W3 / floor "
+        (f"| Entry | W1 us/step | W1 / floor | W2 ms/run ({runs:,} at once) | W2 us/step "
+         f"| W2 / floor | W2 peak KB/run | W3 KB/agent | W3 / floor "
          f"| W4 {sizes[1]:,} / {sizes[0]} msgs |"),
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
 
     def cell(value: float | None, fmt: str, unit: str = "") -> str:
@@ -148,9 +162,14 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
 
     for label, row in rows.items():
         w1, w3, w4 = row.get("w1_us"), row.get("w3_bytes"), row.get("w4_ratio")
+        w2, w2_run, w2_peak = (row.get("w2_us_per_step"), row.get("w2_ms_per_run"),
+                               row.get("w2_peak_bytes"))
         lines.append(
             f"| {label} | {cell(w1, ',.1f')} "
             f"| {cell(w1 / w1_floor if w1 and w1_floor else None, ',.1f', 'x')} "
+            f"| {cell(w2_run, ',.2f')} | {cell(w2, ',.1f')} "
+            f"| {cell(w2 / w2_floor if w2 and w2_floor else None, ',.1f', 'x')} "
+            f"| {cell(w2_peak / 1024 if w2_peak else None, ',.1f')} "
             f"| {cell(w3 / 1024 if w3 else None, '.2f')} "
             f"| {cell(w3 / w3_floor if w3 and w3_floor else None, '.1f', 'x')} "
             f"| {cell(w4, '.2f', 'x')} |"
