@@ -4,13 +4,14 @@ Nothing here reads a figure (figures are the scripts' business, not the suite's)
 that raises, prints nothing or loses a section fails. The peers are not installed here, so
 the peer runner is run on the agentloop entries and the floors only: W1 and W3 on one agentloop
 entry (W4 runs the same turn as W1), W2 on both agentloop entries and both floors, to keep the
-file to a few seconds.
+file to a few seconds. Every other script in ``benchmarks/`` runs once in its quickest form.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -98,3 +99,32 @@ def test_peer_runner_quick_w2_on_agentloop_and_the_floors(tmp_path: Path) -> Non
         assert row["w2_ms_per_run"] == pytest.approx(row["w2_wall_ms"] / runs)
         assert row["w2_us_per_step"] == pytest.approx(row["w2_wall_ms"] * 1000 / runs / steps)
         assert row["w2_peak_bytes"] > 0, row
+
+
+def _postgres_binaries() -> bool:
+    initdb = shutil.which("initdb")
+    return initdb is not None or any(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+
+
+# Every other script, in its quickest form, with a line its output must have.
+OTHERS = [
+    (["bench_run.py", "--quick"], "target: run.events()"),
+    (["bench_scheduler.py"], "per call:"),
+    (["bench_subscribers.py", "--runs", "1"], "subscriber(s)"),
+    (["bench_assembly.py", "--quick"], "1,000 messages"),
+    (["bench_subagents.py", "--quick"], "spawn + run + dispose"),
+    (["bench_cli_markdown.py", "--quick"], "block by block"),
+    (["bench_sqlite.py", "{tmp}"], "load: one session"),
+    (["bench_postgres.py"], "postgres (batched, one thread)"),
+]
+
+
+@pytest.mark.parametrize(("argv", "expected"), OTHERS, ids=[argv[0] for argv, _ in OTHERS])
+def test_every_benchmark_script_runs(argv: list[str], expected: str, tmp_path: Path) -> None:
+    if argv[0] == "bench_postgres.py" and not _postgres_binaries():
+        pytest.skip("no PostgreSQL server binaries (initdb) on this machine")
+    if argv[0] == "bench_cli_markdown.py":
+        pytest.importorskip("rich", reason="bench_cli_markdown.py needs the tui extra (rich)")
+    script, *args = argv
+    out = run_script(str(BENCHMARKS / script), *(a.format(tmp=tmp_path) for a in args))
+    assert expected in out, out
