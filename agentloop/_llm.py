@@ -15,7 +15,7 @@ from ._model import CallConfig, LLMRequest, StreamPart
 from .llm._base import ModelAdapter, as_adapter, check_retry
 from .llm._retry import RetryPolicy
 
-__all__ = ["LLMService", "PreparedCall", "Registration", "close_stream", "CLOSE_SECONDS"]
+__all__ = ["LLMService", "PreparedCall", "Registration", "CLOSE_SECONDS"]
 
 # Closing a stream releases the adapter's connection; bounded, as all shielded cleanup is.
 CLOSE_SECONDS: Final = 5.0
@@ -198,15 +198,6 @@ def _failure_of(where: str) -> Callable[[Exception], ProviderError]:
     return lambda exc: _adapter_error(exc, where)
 
 
-async def close_stream(stream: object) -> None:
-    """Close a stream a model call was served by, shielded and bounded: a cancelled turn
-    must still let the adapter release its connection, but never wait on it for long."""
-    aclose = getattr(stream, "aclose", None)
-    if aclose is not None:
-        with trio.move_on_after(CLOSE_SECONDS, shield=True):
-            await aclose()
-
-
 async def _guarded(
     stream: AsyncIterator[StreamPart], failure_of: Callable[[Exception], ProviderError]
 ) -> AsyncIterator[StreamPart]:
@@ -224,7 +215,10 @@ async def _guarded(
     except Exception as exc:  # noqa: BLE001 - see above
         failure = failure_of(exc)
     finally:
-        await close_stream(stream)
+        aclose = getattr(stream, "aclose", None)
+        if aclose is not None:
+            with trio.move_on_after(CLOSE_SECONDS, shield=True):
+                await aclose()
     if failure is not None:
         raise failure
 

@@ -21,7 +21,7 @@ import trio
 from . import _log
 from ._errors import InvalidContent, ProviderError
 from ._json import FrozenDict, freeze, freeze_repaired, repair_text, text_problem
-from ._llm import close_stream
+from ._llm import CLOSE_SECONDS
 from ._model import Finish, ReasoningDelta, StreamPart, TextDelta, ToolCall, ToolCallDelta
 from ._output import Verdict
 from ._session import Session
@@ -123,9 +123,9 @@ async def fold_stream(
 
     ``judge`` checks a structured-output turn's reply before it is anchored, so that a valid
     output is recorded on the anchor itself. With ``failure`` (from ``PreparedCall.serve``),
-    an exception of the stream other than a ``ProviderError`` is raised as ``failure(exc)``
-    and the stream is closed shielded and bounded; the guard is this loop, not a wrapper
-    around the stream, so nothing stands between a part (or a checkpoint) and the driver.
+    an exception of the stream other than a ``ProviderError`` is raised as ``failure(exc)``;
+    the guard is this loop, not a wrapper around the stream, so nothing stands between a
+    part (or a checkpoint) and the driver. The stream is closed shielded and bounded.
     """
     append = session.append
     text: list[str] = []
@@ -211,10 +211,12 @@ async def fold_stream(
                         code="invalid_stream",
                     )
         finally:
-            if failure is not None:
-                await close_stream(stream)
-            elif hasattr(stream, "aclose"):
-                await stream.aclose()
+            # Shielded and bounded: a cancelled turn still lets the adapter release its
+            # connection, but never waits on it for long.
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                with trio.move_on_after(CLOSE_SECONDS, shield=True):
+                    await aclose()
     except trio.Cancelled:
         if visible:
             # What the user already saw stays: an interrupted anchor cites exactly it.
