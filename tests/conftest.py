@@ -13,11 +13,14 @@ settings.register_profile(
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 import shutil
+import signal
 import subprocess
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 import pytest
+import trio
+from fake_openai import fake  # noqa: F401 - the command-line tests' server fixture
 
 import agentloop
 from agentloop.testing import ScriptedModel, check_history, check_log
@@ -106,3 +109,40 @@ def _no_invariant_violations() -> Iterator[None]:
     yield
     found = agentloop_invariants.SEEN[before:]
     assert not found, f"the invariant companion found mismatches: {found}"
+
+
+async def kill_when_ready(argv: Sequence[str], log: Path, *, ready_within: float = 20) -> int:
+    """Run ``argv`` until it prints ``READY``, SIGKILL it and reap it; return its pid.
+
+    A kill-and-resume test kills a real process at a known point: the child prints READY
+    once the state to recover is durable. Its stderr goes to ``log``, shown if it dies first.
+    """
+    with log.open("wb") as stderr:
+        proc = await trio.lowlevel.open_process(
+            list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr,
+        )
+    try:
+        assert proc.stdout is not None
+        output = b""
+        with trio.fail_after(ready_within):
+            while b"READY\n" not in output:
+                chunk = await proc.stdout.receive_some()
+                if not chunk:
+                    await proc.wait()
+                    pytest.fail(
+                        f"the child exited with {proc.returncode} before READY:\n"
+                        + await trio.Path(log).read_text(errors="replace")
+                    )
+                output += chunk
+        proc.send_signal(signal.SIGKILL)
+        with trio.fail_after(5):
+            await proc.wait()
+        assert proc.returncode == -signal.SIGKILL
+        return proc.pid
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            with trio.CancelScope(shield=True):
+                await proc.wait()
+        if proc.stdout is not None:
+            await proc.stdout.aclose()

@@ -9,41 +9,21 @@ OpenAI-compatible server of ``test_cli``, on a loopback thread.
 from __future__ import annotations
 
 import contextlib
-import http.server
 import os
 import pty
 import select
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_cli import FakeOpenAI, Reply, _handler
+from fake_openai import FakeOpenAI, Reply
 
 pytestmark = pytest.mark.slow
 
 UP, LEFT = "\x1b[A", "\x1b[D"
 CTRL_C, CTRL_D = "\x03", "\x04"
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    state = FakeOpenAI()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
-    server.daemon_threads = True
-    state.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        yield state
-    finally:
-        for reply in state.replies:
-            if reply.gate is not None:
-                reply.gate.set()
-        server.shutdown()
-        server.server_close()
 
 
 class Terminal:

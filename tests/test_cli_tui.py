@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import http.server
 import json
 import os
 import pty
@@ -28,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cli import ASK_PLUGIN, FakeOpenAI, Reply, _handler
+from fake_openai import FakeOpenAI, Reply
+from test_cli import ASK_PLUGIN
 from test_cli_terminal import CTRL_C, CTRL_D
 
 from agentloop._cli_render import tui_available
@@ -148,24 +148,6 @@ class Screen:
                 os.kill(self.pid, 9)
                 os.waitpid(self.pid, 0)
         os.close(self.fd)
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    state = FakeOpenAI()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
-    server.daemon_threads = True
-    state.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        yield state
-    finally:
-        for reply in state.replies:
-            if reply.gate is not None:
-                reply.gate.set()
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture

@@ -11,9 +11,7 @@ import json
 import logging
 import os
 import re
-import signal
 import sqlite3
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -23,7 +21,14 @@ import loopback
 import pytest
 import trio
 import trio.testing
-from conftest import OPTIONS, check_history_valid, check_log_invariants, of_type, turn_ends
+from conftest import (
+    OPTIONS,
+    check_history_valid,
+    check_log_invariants,
+    kill_when_ready,
+    of_type,
+    turn_ends,
+)
 
 import agentloop
 from agentloop.events import AgentRequestError, AgentTurnEnd
@@ -281,36 +286,7 @@ async def test_disposing_mid_stream_has_committed_the_disposed_turn_end(tmp_path
 
 async def _run_child_until_ready(db: Path, mode: str, log: Path) -> int:
     """Run crash_child.py until it says READY, SIGKILL it, reap it; return its pid."""
-    with log.open("wb") as stderr:
-        proc = await trio.lowlevel.open_process(
-            [sys.executable, str(CHILD), str(db), mode],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr,
-        )
-    try:
-        assert proc.stdout is not None
-        output = b""
-        with trio.fail_after(15):
-            while b"READY\n" not in output:
-                chunk = await proc.stdout.receive_some()
-                if not chunk:
-                    await proc.wait()
-                    pytest.fail(
-                        f"the child exited with {proc.returncode} before READY:\n"
-                        + await trio.Path(log).read_text(errors="replace")
-                    )
-                output += chunk
-        proc.send_signal(signal.SIGKILL)
-        with trio.fail_after(5):
-            await proc.wait()
-        assert proc.returncode == -signal.SIGKILL
-        return proc.pid
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            with trio.CancelScope(shield=True):
-                await proc.wait()
-        if proc.stdout is not None:
-            await proc.stdout.aclose()
+    return await kill_when_ready([sys.executable, str(CHILD), str(db), mode], log, ready_within=15)
 
 
 @pytest.mark.slow

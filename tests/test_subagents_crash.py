@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
 import sqlite3
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -97,35 +95,9 @@ async def doomed(db: str) -> None:
 
 
 async def run_until_ready_then_kill(db: Path | str, log: Path) -> None:
-    with log.open("wb") as stderr:
-        proc = await trio.lowlevel.open_process(
-            [sys.executable, __file__, str(db)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr,
-        )
-    try:
-        assert proc.stdout is not None
-        output = b""
-        with trio.fail_after(20):
-            while b"READY\n" not in output:
-                chunk = await proc.stdout.receive_some()
-                if not chunk:
-                    await proc.wait()
-                    raise AssertionError(
-                        f"the child exited with {proc.returncode} before READY:\n"
-                        + await trio.Path(log).read_text(errors="replace")
-                    )
-                output += chunk
-        proc.send_signal(signal.SIGKILL)
-        with trio.fail_after(5):
-            await proc.wait()
-        assert proc.returncode == -signal.SIGKILL
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            with trio.CancelScope(shield=True):
-                await proc.wait()
-        if proc.stdout is not None:
-            await proc.stdout.aclose()
+    from conftest import kill_when_ready
+
+    await kill_when_ready([sys.executable, __file__, str(db)], log)
 
 
 def stored(db: Path) -> dict[str, tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]]:
