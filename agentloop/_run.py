@@ -162,6 +162,7 @@ class _Dispatch:
             del turns[run._turn]
             if not turns:
                 del self.claimed[agent_id]
+        run._watched = False
         session = run._agent.session
         watching = self.readers.get(session.id)
         if watching is not None:
@@ -257,6 +258,7 @@ class Run(metaclass=NoPublicConstructor):
         "_start",
         "_terminal",
         "_turn",
+        "_watched",
     )
 
     def __init__(
@@ -278,6 +280,7 @@ class Run(metaclass=NoPublicConstructor):
         # Reader tasks parked until the session's next append. Not a ParkingLot: a reader is
         # woken about once per streamed chunk, and the bare reschedule costs a third less.
         self._readers: list[trio.lowlevel.Task] = []
+        self._watched = False  # registered with the dispatcher's readers (until forgotten)
         self._done_lot = trio.lowlevel.ParkingLot()  # result() waiters, woken once at the end
 
     def __repr__(self) -> str:
@@ -383,8 +386,9 @@ class Run(metaclass=NoPublicConstructor):
         await trio.lowlevel.checkpoint()
 
     async def _wait_appended(self) -> None:
-        if not self._terminal:
+        if not self._terminal and not self._watched:
             self._dispatch.watch(self)
+            self._watched = True
         task = trio.lowlevel.current_task()
         readers = self._readers
         readers.append(task)
@@ -502,6 +506,7 @@ class _Events:
         # The session's own list, not its read-only view: append-only, so an index into it
         # stays valid, and this runs once per event of the turn.
         log = run._agent.session._log
+        parked = False
         while not self._done:
             turn = run._turn
             if turn is not None:
@@ -520,14 +525,16 @@ class _Events:
                         event.type != _log.ASSISTANT_CHUNK or event.data["kind"] != kind
                     ):
                         continue
-                    # A reader with a backlog takes it without yielding, but still honours
-                    # a cancel.
-                    await trio.lowlevel.checkpoint_if_cancelled()
+                    if not parked:
+                        # A reader with a backlog takes it without yielding, but still
+                        # honours a cancel (a call that parked was a cancellation point).
+                        await trio.lowlevel.checkpoint_if_cancelled()
                     return event if kind is None else event.data["delta"]
                 self._i = i
             if run._terminal or self._done:
                 break
             await run._wait_appended()
+            parked = True
         self._done = True
         raise StopAsyncIteration
 
