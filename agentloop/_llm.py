@@ -56,29 +56,22 @@ class PreparedCall:
         """The retry policy captured by the pinned registration (``None`` without one)."""
         return None if self.registration is None else self.registration.retry
 
-    async def open(self, request: LLMRequest, *, agent_id: str) -> AsyncIterator[StreamPart]:
-        """The stream of parts for ``request``: an ``llm/stream`` handler's, else the adapter's,
-        with any exception but a ``ProviderError`` raised as one (see :meth:`serve`).
+    async def serve(
+        self, request: LLMRequest, *, agent_id: str
+    ) -> tuple[AsyncIterator[StreamPart], Callable[[Exception], ProviderError] | None]:
+        """The stream of parts for ``request`` (an ``llm/stream`` handler's, else the
+        adapter's), and what an exception of it other than a ``ProviderError`` must be raised
+        as, or ``None`` when the adapter raises only provider errors.
 
+        So the request-error hooks (the retry plugin, the user's) see every failed call. The
+        reader applies the guard in its own loop (``fold_stream``): an async generator around
+        the stream would stand between every part, and every checkpoint, and the driver.
         ``request.config`` should be :attr:`config`. The adapter is the one pinned at
         preparation, even if the route was re-registered or disposed since. ``agent_id`` is
         the agent the call is made for, as the ``llm/stream`` hook reports it.
 
         Raises:
             ProviderError: ``code="NO_ADAPTER"`` when neither an adapter nor a handler serves it.
-        """
-        stream, failure = await self.serve(request, agent_id=agent_id)
-        return stream if failure is None else _guarded(stream, failure)
-
-    async def serve(
-        self, request: LLMRequest, *, agent_id: str
-    ) -> tuple[AsyncIterator[StreamPart], Callable[[Exception], ProviderError] | None]:
-        """:meth:`open` for a reader that guards the stream itself: the raw stream, and what
-        an exception of it (but a ``ProviderError``) must be raised as, or ``None`` when the
-        adapter raises only provider errors.
-
-        The driver folds the stream in one loop: an async generator around it would stand
-        between every part (and every checkpoint of the stream) and the driver.
         """
         bus = self._service._bus
         if bus.has_listeners(LlmStream):
@@ -196,31 +189,6 @@ def _adapter_error(exc: Exception, where: str) -> ProviderError:
 
 def _failure_of(where: str) -> Callable[[Exception], ProviderError]:
     return lambda exc: _adapter_error(exc, where)
-
-
-async def _guarded(
-    stream: AsyncIterator[StreamPart], failure_of: Callable[[Exception], ProviderError]
-) -> AsyncIterator[StreamPart]:
-    """``stream``, with any exception but a ``ProviderError`` raised as one.
-
-    So the request-error hooks (the retry plugin, the user's) see every failed call. The
-    original is chained as ``__cause__``; cancellation and other base exceptions pass.
-    """
-    failure: ProviderError | None = None
-    try:
-        async for part in stream:
-            yield part
-    except ProviderError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - see above
-        failure = failure_of(exc)
-    finally:
-        aclose = getattr(stream, "aclose", None)
-        if aclose is not None:
-            with trio.move_on_after(CLOSE_SECONDS, shield=True):
-                await aclose()
-    if failure is not None:
-        raise failure
 
 
 def _as_iterator(served: object) -> AsyncIterator[StreamPart]:

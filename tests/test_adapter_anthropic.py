@@ -53,7 +53,7 @@ async def collect_prepared(adapter: AnthropicAdapter, request: LLMRequest) -> li
     service = LLMService(EventBus())
     service.register("p", adapter)
     prepared = await service.prepare_call(attrs.evolve(request.config, provider="p"))
-    stream = await prepared.open(attrs.evolve(request, config=prepared.config), agent_id="a")
+    stream, _ = await prepared.serve(attrs.evolve(request, config=prepared.config), agent_id="a")
     return [part async for part in stream]
 
 

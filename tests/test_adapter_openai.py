@@ -15,7 +15,7 @@ from loopback import Hang, serve
 
 from agentloop._bus import EventBus
 from agentloop._errors import ProviderError
-from agentloop._json import freeze
+from agentloop._json import FrozenDict, freeze
 from agentloop._llm import LLMService
 from agentloop._model import (
     CallConfig,
@@ -58,7 +58,7 @@ async def collect_prepared(adapter: OpenAIChatAdapter, request: LLMRequest) -> l
     service = LLMService(EventBus())
     service.register("p", adapter)
     prepared = await service.prepare_call(attrs.evolve(request.config, provider="p"))
-    stream = await prepared.open(attrs.evolve(request, config=prepared.config), agent_id="a")
+    stream, _ = await prepared.serve(attrs.evolve(request, config=prepared.config), agent_id="a")
     return [part async for part in stream]
 
 
@@ -921,13 +921,16 @@ async def test_a_failing_llm_stream_handler_is_a_provider_failure() -> None:
         yield TextDelta("x")
         raise _Boom("served badly")
 
+    from agentloop._reply import fold_stream
+    from agentloop._session import Session
     from agentloop.events import LlmStream
 
     service._bus.on(LlmStream, lambda event: parts())
     prepared = await service.prepare_call(CallConfig(provider="none", model="m"))
-    stream = await prepared.open(make_request(), agent_id="a")
+    stream, failure = await prepared.serve(make_request(), agent_id="a")
+    session = Session("s", FrozenDict(), service._bus)
     with pytest.raises(ProviderError) as info:
-        _ = [part async for part in stream]
+        await fold_stream(session, 1, 1, stream, failure=failure)  # as the driver reads it
     assert info.value.code == "adapter_error"
     assert isinstance(info.value.__cause__, _Boom)
 

@@ -82,7 +82,7 @@ async def test_prepare_call_fills_defaults_once_validates_once_and_records_them(
     assert (prepared.config.reasoning_effort, prepared.config.max_tokens) == ("low", 50)
     assert prepared.adapter_defaults == ("reasoning_effort", "max_tokens")
     assert adapter.validated == [prepared.config]  # once, and after filling
-    parts = await drain(await prepared.open(request_for(prepared.config), agent_id="a"))
+    parts = await drain((await prepared.serve(request_for(prepared.config), agent_id="a"))[0])
     assert parts == [Finish("stop")]
     assert adapter.streamed == [prepared.config]
     assert len(adapter.validated) == 1
@@ -190,7 +190,7 @@ async def test_open_uses_the_registration_pinned_at_preparation() -> None:
     prepared = await service.prepare_call(agentloop.CallConfig(provider="p", model="m"))
     service.register("p", second)
     dispose_first()
-    parts = await drain(await prepared.open(request_for(prepared.config), agent_id="a"))
+    parts = await drain((await prepared.serve(request_for(prepared.config), agent_id="a"))[0])
     assert [p.text for p in parts if isinstance(p, TextDelta)] == ["first"]
     assert len(first.requests) == 1 and second.requests == []
 
@@ -201,7 +201,7 @@ async def test_open_without_an_adapter_raises_no_adapter() -> None:
     prepared = await service.prepare_call(agentloop.CallConfig(provider="p", model="m"))
     assert prepared.registration is None and prepared.adapter_defaults == ()
     with pytest.raises(ProviderError) as info:
-        await prepared.open(request_for(prepared.config), agent_id="a")
+        await prepared.serve(request_for(prepared.config), agent_id="a")
     assert info.value.code == "NO_ADAPTER"
     assert "'p'" in info.value.message and "registered: other" in info.value.message
 
@@ -221,7 +221,7 @@ async def test_an_llm_stream_handler_is_asked_first_and_may_decline() -> None:
     bus.on(ev.LlmStream, serve)
     for expected in ("cached", "from the adapter"):
         prepared = await service.prepare_call(agentloop.CallConfig(provider="p", model="m"))
-        parts = await drain(await prepared.open(request_for(prepared.config), agent_id="a1"))
+        parts = await drain((await prepared.serve(request_for(prepared.config), agent_id="a1"))[0])
         assert "".join(p.text for p in parts if isinstance(p, TextDelta)) == expected
     assert seen == [("a1", True), ("a1", True)]
     assert len(model.requests) == 1
