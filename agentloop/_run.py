@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Literal, final
 
 import attrs
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from ._agent import Agent
+    from ._session import Session
 
 __all__ = ["RunControls", "Run", "RunResult"]
 
@@ -123,7 +124,8 @@ class _Dispatch:
         self._bus = bus
         self.pending: dict[str, Run] = {}  # by message id, until claimed or dropped
         self.claimed: dict[str, dict[int, Run]] = {}  # agent id -> turn -> run, until it ends
-        self.readers: dict[str, set[Run]] = {}  # session id -> runs whose readers may park
+        # session id -> the runs whose readers may park, and the session hook that wakes them
+        self.readers: dict[str, tuple[set[Run], Callable[[], None]]] = {}
         self._disposers: tuple[Disposer, ...] = ()
 
     def hold(self) -> None:
@@ -145,13 +147,21 @@ class _Dispatch:
             for dispose in disposers:
                 dispose()
 
-    def watch(self, run: Run) -> None:
+    def watch(self, run: Run) -> Callable[[], None]:
+        """Register ``run`` as one whose readers may park; the session hook that wakes them.
+
+        A reader installs the hook as it parks and the hook removes itself as it fires, so
+        the appends made while every reader is busy cost the session nothing.
+        """
         session = run._agent.session
-        watching = self.readers.get(session.id)
-        if watching is None:
-            watching = self.readers[session.id] = set()
-            session._wake = functools.partial(_wake_readers, watching)
-        watching.add(run)
+        found = self.readers.get(session.id)
+        if found is None:
+            watching: set[Run] = set()
+            found = self.readers[session.id] = (
+                watching, functools.partial(_wake_readers, session, watching)
+            )
+        found[0].add(run)
+        return found[1]
 
     def forget(self, run: Run) -> None:
         agent_id = run._agent.id
@@ -162,14 +172,16 @@ class _Dispatch:
             del turns[run._turn]
             if not turns:
                 del self.claimed[agent_id]
-        run._watched = False
+        run._hook = None
         session = run._agent.session
-        watching = self.readers.get(session.id)
-        if watching is not None:
+        found = self.readers.get(session.id)
+        if found is not None:
+            watching, hook = found
             watching.discard(run)
             if not watching:
                 del self.readers[session.id]
-                session._wake = None
+                if session._wake is hook:
+                    session._wake = None
         self.release()
 
     # --- handlers --------------------------------------------------------------------------
@@ -219,10 +231,17 @@ class _Dispatch:
 
 
 
-def _wake_readers(watching: set[Run]) -> None:
+def _wake_readers(session: Session, watching: set[Run]) -> None:
+    session._wake = None  # until a reader parks again
+    reschedule = trio.lowlevel.reschedule
     for run in watching:
-        if run._readers:
-            run._wake()
+        readers = run._readers
+        if readers:
+            # A fresh list: each parked task is rescheduled exactly once (Run._wake inline:
+            # this runs about once per streamed chunk).
+            run._readers = []
+            for task in readers:
+                reschedule(task)
 
 
 _dispatchers: weakref.WeakKeyDictionary[EventBus, _Dispatch] = weakref.WeakKeyDictionary()
@@ -250,6 +269,7 @@ class Run(metaclass=NoPublicConstructor):
         "_done_lot",
         "_dropped",
         "_entered",
+        "_hook",
         "_message_id",
         "_output_spec",
         "_output_type",
@@ -258,7 +278,6 @@ class Run(metaclass=NoPublicConstructor):
         "_start",
         "_terminal",
         "_turn",
-        "_watched",
     )
 
     def __init__(
@@ -280,7 +299,9 @@ class Run(metaclass=NoPublicConstructor):
         # Reader tasks parked until the session's next append. Not a ParkingLot: a reader is
         # woken about once per streamed chunk, and the bare reschedule costs a third less.
         self._readers: list[trio.lowlevel.Task] = []
-        self._watched = False  # registered with the dispatcher's readers (until forgotten)
+        # The session hook that wakes this run's readers, once registered with the dispatcher
+        # (until forgotten).
+        self._hook: Callable[[], None] | None = None
         self._done_lot = trio.lowlevel.ParkingLot()  # result() waiters, woken once at the end
 
     def __repr__(self) -> str:
@@ -385,20 +406,6 @@ class Run(metaclass=NoPublicConstructor):
             await self._done_lot.park()
         await trio.lowlevel.checkpoint()
 
-    async def _wait_appended(self) -> None:
-        if not self._terminal and not self._watched:
-            self._dispatch.watch(self)
-            self._watched = True
-        task = trio.lowlevel.current_task()
-        readers = self._readers
-        readers.append(task)
-
-        def abort(_: object) -> trio.lowlevel.Abort:
-            readers.remove(task)  # still there: a woken task is never aborted
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        await trio.lowlevel.wait_task_rescheduled(abort)
-
     def _wake(self) -> None:
         readers = self._readers
         if readers:
@@ -482,20 +489,36 @@ class Run(metaclass=NoPublicConstructor):
         return RunResult(text, output, reason, turn, summed)
 
 
+_TURN_END: Final = _log.TURN_END
+_CHUNK: Final = _log.ASSISTANT_CHUNK
+
+
 @final
 class _Events:
     """An iteration over one run's turn: its events, or (with ``kind``) the deltas of its
     ``assistant/chunk`` events of that kind. A class rather than an async generator, so that
     leaving an ``async for`` early leaves nothing to finalize; one class for both, so that a
-    delta costs one ``__anext__``, not one per layer."""
+    delta costs one ``__anext__``, not one per layer.
 
-    __slots__ = ("_done", "_i", "_kind", "_run")
+    A reader is woken about once per streamed chunk, so the park is written out here rather
+    than behind a helper or a ParkingLot: each layer would be resumed at every wake.
+    """
+
+    __slots__ = ("_abort", "_done", "_i", "_kind", "_log", "_run", "_session", "_task")
 
     def __init__(self, run: Run, kind: Kind | None = None) -> None:
         self._run = run
         self._kind = kind
-        self._i: int | None = None
+        session = self._session = run._agent.session
+        # The session's own list, not its read-only view: append-only, so an index into it
+        # stays valid, and it is read once per event of the turn.
+        self._log = session._log
+        self._i = -1  # the turn's first event once a turn claimed the message
         self._done = False
+        # The task that parks here and how a cancel unparks it: made at the first park, and
+        # again only if another task takes over the iteration.
+        self._task: trio.lowlevel.Task | None = None
+        self._abort: Callable[[object], trio.lowlevel.Abort] | None = None
 
     def __aiter__(self) -> _Events:
         return self
@@ -503,26 +526,26 @@ class _Events:
     async def __anext__(self) -> Any:
         run = self._run
         kind = self._kind
-        # The session's own list, not its read-only view: append-only, so an index into it
-        # stays valid, and this runs once per event of the turn.
-        log = run._agent.session._log
+        log = self._log
         parked = False
         while not self._done:
             turn = run._turn
             if turn is not None:
-                i = run._start if self._i is None else self._i
+                i = self._i
+                if i < 0:
+                    i = run._start
                 while i < len(log):
                     event = log[i]
                     i += 1
                     if event.turn != turn:
                         continue
                     self._i = i
-                    if event.type == _log.TURN_END:
+                    if event.type == _TURN_END:
                         self._done = True
                         if kind is not None:
                             break
                     elif kind is not None and (
-                        event.type != _log.ASSISTANT_CHUNK or event.data["kind"] != kind
+                        event.type != _CHUNK or event.data["kind"] != kind
                     ):
                         continue
                     if not parked:
@@ -533,10 +556,26 @@ class _Events:
                 self._i = i
             if run._terminal or self._done:
                 break
-            await run._wait_appended()
+            hook = run._hook
+            if hook is None:
+                hook = run._hook = run._dispatch.watch(run)
+            task = trio.lowlevel.current_task()
+            abort = self._abort
+            if task is not self._task or abort is None:
+                self._task = task
+                abort = self._abort = functools.partial(_unpark, run, task)
+            run._readers.append(task)
+            self._session._wake = hook
+            await trio.lowlevel.wait_task_rescheduled(abort)
             parked = True
         self._done = True
         raise StopAsyncIteration
+
+
+def _unpark(run: Run, task: trio.lowlevel.Task, _: object) -> trio.lowlevel.Abort:
+    # Still parked: a woken task is never aborted, and a wake takes the whole list.
+    run._readers.remove(task)
+    return trio.lowlevel.Abort.SUCCEEDED
 
 
 def _add_usage(total: dict[str, Any], counters: Mapping[str, Any]) -> dict[str, Any]:
