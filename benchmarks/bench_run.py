@@ -1,29 +1,44 @@
 """Per-step cost of reading a turn through a run handle, against the same turn read by nobody.
 
-    python benchmarks/bench_run.py [--quick] [--runs N] [--cpu-clock]
+    python benchmarks/bench_run.py [--quick] [--runs N] [--cpu-clock] [--scripted]
 
-One 50-step turn on the ``ScriptedModel`` (each step 10 text chunks and one trivial parallel
-tool call, the shape of ``bench_core.py steps``), driven five ways on fresh agents of one
-runtime, interleaved: ``followup`` + ``wait_idle`` with no reader; ``woken``, the same beside a
-task that is woken by every append as a reader is and does nothing else (the floor under a
-reader); ``agent.ask`` (a run with no reader: the bus handler alone); ``agent.run`` iterating
-``run.events()``; and ``agent.run`` iterating ``run.text()``. The figure is the wall time
-(``--cpu-clock``: the process's CPU time, steadier on a shared machine) from the prompt to
-the end of the turn, divided by 50, best of N; the target is at most 15% over the bare turn.
-Beside it, trio's own floor: what waking one parked task at each of a loop's checkpoints
-costs, per wake (a reader is woken at most once per checkpoint of the driver, about ten
-times per step here). Printed, never asserted.
+One 50-step turn (each step 10 text chunks and one trivial parallel tool call, the shape of
+``bench_core.py steps``), driven six ways on fresh agents of one runtime, interleaved and
+rotated: ``bare``, ``followup`` + ``wait_idle`` with no reader; ``woken``, the same beside a
+task that is woken by every append as a reader is and does nothing else (trio's floor under
+any reader); ``iterated``, the smallest async iterator over the log that parks the same way
+(the floor with iteration); ``ask``, a run nobody reads (``agent.ask``); ``events``,
+``agent.run`` iterating ``run.events()``; ``text``, iterating ``run.text()``.
+
+The turn is run twice over: on the in-process ``ScriptedModel``, which costs nothing and
+checkpoints before every part (the worst case for a reader: the runtime's own step is all
+there is to compare with), and on ``OpenAIChatAdapter`` streaming from ``sse_server.py``, an
+OpenAI-compatible server in a process of its own that writes every event as it makes it
+(a run as an application has it; ``--scripted`` skips it). The figure is the wall time
+(``--cpu-clock``: this process's CPU time, steadier on a shared machine, and without the
+server's) from the prompt to the end of the turn, divided by 50: the best of the rounds,
+and the median of each round's ratios. The target: ``events`` at most 1.15x ``ask``, a run
+without a reader. Beside it, trio's own cost of waking one parked task at a checkpoint (a
+reader is woken at most once per checkpoint of the driver, about ten times per step here).
+Printed, never asserted.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import statistics
+import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 
+import attrs
 import trio
 
 import agentloop
+from agentloop.llm import OpenAIChatAdapter
 from agentloop.testing import Reply, ScriptedModel, reply
 
 STEPS = 50
@@ -73,12 +88,15 @@ async def text(agent: agentloop.Agent) -> int:
 
 async def woken(agent: agentloop.Agent) -> int:
     """The bare turn beside a task that is woken by every append, as a reader is, and does
-    nothing else: what the wakes alone cost, the floor under ``events``."""
+    nothing else: what the wakes alone cost, the floor under ``events``. Like a reader, it
+    sets the session's wake hook as it parks, and the hook clears itself as it fires."""
+    session = agent.session
     waiting: list[trio.lowlevel.Task] = []
     wakes = 0
 
     def wake() -> None:
         nonlocal wakes
+        session._wake = None
         if waiting:
             wakes += 1
             trio.lowlevel.reschedule(waiting.pop())
@@ -90,19 +108,64 @@ async def woken(agent: agentloop.Agent) -> int:
     async def parked() -> None:
         while True:
             waiting.append(trio.lowlevel.current_task())
+            session._wake = wake  # the hook a run's readers are woken through
             await trio.lowlevel.wait_task_rescheduled(abort)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(parked)
         await trio.lowlevel.checkpoint()
-        agent.session._wake = wake  # the hook a run's readers are woken through
         try:
             agent.followup("go")
             await agent.wait_idle()
         finally:
-            agent.session._wake = None
+            session._wake = None
             nursery.cancel_scope.cancel()
     return wakes
+
+
+async def iterated(agent: agentloop.Agent) -> int:
+    """The bare turn read by the smallest async iterator over the log that parks as a reader
+    does (no turn filter, no cancel check): the floor under ``events`` with iteration."""
+    session = agent.session
+    log = session._log
+    waiting: list[trio.lowlevel.Task] = []
+
+    def wake() -> None:
+        session._wake = None
+        if waiting:
+            trio.lowlevel.reschedule(waiting.pop())
+
+    def abort(_: object) -> trio.lowlevel.Abort:
+        waiting.clear()
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    class Tail:
+        def __init__(self) -> None:
+            self.i = len(log)
+
+        def __aiter__(self) -> Tail:
+            return self
+
+        async def __anext__(self) -> object:
+            while True:
+                i = self.i
+                if i < len(log):
+                    event = log[i]
+                    self.i = i + 1
+                    if event.type == "turn/end":
+                        raise StopAsyncIteration
+                    return event
+                waiting.append(trio.lowlevel.current_task())
+                session._wake = wake
+                await trio.lowlevel.wait_task_rescheduled(abort)
+
+    seen = 0
+    tail = Tail()
+    agent.followup("go")
+    async for _ in tail:
+        seen += 1
+    await agent.wait_idle()
+    return seen
 
 
 async def trio_wake_cost(n: int = 1000 if QUICK else 20000) -> float:
@@ -131,41 +194,84 @@ async def trio_wake_cost(n: int = 1000 if QUICK else 20000) -> float:
     return (woken - alone) / n / 1000
 
 
-async def timed(rt: agentloop.Context, model: ScriptedModel, way: Way, n: int) -> float:
-    model.add(*script())
-    handle = await rt.agents.create(session_id=f"bench-{way.__name__}-{n}", agent_options=OPTIONS)
+async def timed(rt: agentloop.Context, provider: str, prepare: Callable[[], None], way: Way,
+                n: int) -> float:
+    prepare()
+    options = attrs.evolve(OPTIONS, provider=provider)
+    handle = await rt.agents.create(
+        session_id=f"bench-{provider}-{way.__name__}-{n}", agent_options=options
+    )
     async with handle:
+        gc.collect()  # each turn starts from the same heap, whatever ran before it
         start = CLOCK()
         count = await way(handle.agent)
         elapsed = CLOCK() - start
         assert count > 0
-        assert handle.agent.session.events[-1].data["reason"] == "completed"
+        end = handle.agent.session.events[-1]
+        assert end.data["reason"] == "completed", end
     return elapsed / STEPS / 1000
+
+
+WAYS: list[Way] = [bare, woken, iterated, ask, events, text]
+
+
+async def measure(rt: agentloop.Context, provider: str, prepare: Callable[[], None],
+                  title: str) -> None:
+    for way in WAYS:  # warm-up
+        await timed(rt, provider, prepare, way, -1)
+    figures: dict[str, list[float]] = {way.__name__: [] for way in WAYS}
+    for n in range(RUNS):
+        # Rotated, so that no way always runs first (or last) in a round.
+        for way in WAYS[n % len(WAYS):] + WAYS[:n % len(WAYS)]:
+            figures[way.__name__].append(await timed(rt, provider, prepare, way, n))
+    base, run = figures["bare"], figures["ask"]
+    print(f"{title}: per step, {STEPS}-step turn, {CHUNKS} chunks + 1 tool call per step, "
+          f"{RUNS} rounds")
+    print(f"  {'':<8} {'best':>8}     {'/bare':>6} {'/ask':>6}   median of rounds /bare /ask")
+    for name, values in figures.items():
+        print(f"  {name:<8} {min(values):8.1f} us   {min(values) / min(base):6.3f} "
+              f"{min(values) / min(run):6.3f}   "
+              f"{statistics.median(v / b for v, b in zip(values, base, strict=True)):21.3f} "
+              f"{statistics.median(v / r for v, r in zip(values, run, strict=True)):5.3f}")
+
+
+@contextlib.contextmanager
+def sse_server() -> Iterator[str]:
+    """The base URL of ``sse_server.py`` running in a process of its own."""
+    server = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("sse_server.py")), str(STEPS),
+         str(CHUNKS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        assert server.stdin is not None
+        server.stdin.close()
+        server.wait(timeout=10)
 
 
 async def main() -> None:
     async with agentloop.open_runtime() as rt:
-        model = ScriptedModel()
-        rt.llm.register("scripted", model)
 
         @rt.tools.tool(concurrency="parallel")
         async def noop() -> str:
             """Do nothing."""
             return "ok"
 
-        ways: list[Way] = [bare, woken, ask, events, text]
-        for way in ways:  # warm-up
-            await timed(rt, model, way, -1)
-        best = {way.__name__: float("inf") for way in ways}
-        for n in range(RUNS):
-            for way in ways:
-                best[way.__name__] = min(best[way.__name__], await timed(rt, model, way, n))
+        model = ScriptedModel()
+        rt.llm.register("scripted", model)
+        await measure(rt, "scripted", lambda: model.add(*script()),
+                      "ScriptedModel (in process, one checkpoint per part)")
+        if "--scripted" not in sys.argv:
+            with sse_server() as url:
+                rt.llm.register("http", OpenAIChatAdapter(url, api_key="bench"))
+                await measure(rt, "http", lambda: None,
+                              "OpenAI chat completions over loopback HTTP (a server process, "
+                              "one write per event)")
     floor = min([await trio_wake_cost() for _ in range(3)])
-    base = best["bare"]
-    print(f"per step, {STEPS}-step turn, {CHUNKS} chunks + 1 tool call per step, best of {RUNS}")
-    for name, figure in best.items():
-        print(f"  {name:<7} {figure:8.1f} us   {figure / base:5.3f}x")
-    print("target: run.events() at most 1.15x the bare turn "
+    print("target: run.events() at most 1.15x a run without a reader "
           "(woken: a task woken per append that does nothing else)")
     print(f"trio floor: waking a parked reader at a checkpoint costs {floor:.1f} us per wake")
 
