@@ -29,6 +29,7 @@ __all__ = [
     "FinishReason",
     "ToolResult",
     "PendingApproval",
+    "HistorySnapshot",
     "content_text",
 ]
 
@@ -191,6 +192,23 @@ class ToolSpec:
     name: str
     description: str
     parameters: FrozenDict
+
+
+class HistorySnapshot(Sequence[Message]):
+    """The first ``len(self)`` messages of an append-only list, ``source``.
+
+    While ``source`` is the same object, its first n messages stay the same, so whatever was
+    worked out from them (an adapter's encoded messages) holds for every later snapshot of
+    it; a history that is replaced starts a new source. The session's history views are
+    snapshots; a request whose messages were rewritten is a plain sequence.
+    """
+
+    __slots__ = ()
+
+    @property
+    def source(self) -> object:
+        """The list this is a prefix of, as an identity (compared with ``is``, never read)."""
+        raise NotImplementedError
 
 
 @attrs.frozen(slots=True, kw_only=True)

@@ -20,7 +20,7 @@ from ._bus import EventBus
 from ._errors import InvalidContent, PersistenceError
 from ._events import SessionEventAppended
 from ._json import FrozenDict
-from ._model import Content, Message, PendingApproval, SessionEvent, ToolCall
+from ._model import Content, HistorySnapshot, Message, PendingApproval, SessionEvent, ToolCall
 
 _ROLES: Final = ("user", "assistant", "tool")
 
@@ -72,7 +72,7 @@ class LogView(Sequence[SessionEvent]):
         return f"<LogView of {len(self._items)} events>"
 
 
-class HistoryView(Sequence[Message]):
+class HistoryView(HistorySnapshot):
     """An immutable snapshot of the derived history (the first ``n`` messages)."""
 
     __slots__ = ("_gen", "_items", "_n", "_owner")
@@ -87,6 +87,11 @@ class HistoryView(Sequence[Message]):
 
     def __len__(self) -> int:
         return self._n
+
+    @property
+    def source(self) -> object:
+        # Appends go to the same list; a replacement makes a new one (Session._replace).
+        return self._items
 
     @overload
     def __getitem__(self, i: int) -> Message: ...

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
@@ -25,7 +26,17 @@ from .._model import (
 from ._base import AdapterDefaults
 from ._efforts import AllowedEfforts
 from ._retry import RetryPolicy
-from ._wire import HTTPStreamAdapter, SSEEvent, dumps, error_fields, int_counters, parse_event_json
+from ._wire import (
+    HTTPStreamAdapter,
+    MessageEncoder,
+    SSEEvent,
+    dumps,
+    encode_body,
+    error_fields,
+    int_counters,
+    parse_event_json,
+    splice_messages,
+)
 
 __all__ = ["OpenAIChatAdapter"]
 
@@ -126,17 +137,47 @@ class OpenAIChatAdapter(HTTPStreamAdapter):
         if reasoning_details is None:
             reasoning_details = host == "openrouter.ai" or host.endswith(".openrouter.ai")
         self.reasoning_details = reasoning_details
+        self._encoder = self._new_encoder()
 
     def _auth_headers(self, api_key: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {api_key}"}
 
     def _body(self, request: LLMRequest) -> dict[str, Any]:
-        config = request.config
         messages: list[dict[str, Any]] = []
         if request.system:
             messages.append({"role": "system", "content": request.system})
         pad, details = self.tool_call_reasoning, self.reasoning_details
         messages.extend(_message(message, pad, details) for message in request.messages)
+        return self._envelope(request, messages)
+
+    def _new_encoder(self) -> tuple[tuple[bool, bool], MessageEncoder]:
+        pad, details = self.tool_call_reasoning, self.reasoning_details
+        return (pad, details), MessageEncoder(
+            functools.partial(_message, pad=pad, details=details)
+        )
+
+    def _content(self, request: LLMRequest) -> bytes:
+        # The history's messages come encoded from the encoder; only the new ones are
+        # encoded per call. A subclass's own _body, and a config's extra "messages" (which
+        # replaces them), go the long way.
+        if type(self)._body is not OpenAIChatAdapter._body:
+            return encode_body(self._body(request))
+        placeholder: list[Any] = []
+        body = self._envelope(request, placeholder)
+        if body["messages"] is not placeholder:
+            return encode_body(body)
+        flags, encoder = self._encoder
+        if flags != (self.tool_call_reasoning, self.reasoning_details):
+            flags, encoder = self._encoder = self._new_encoder()  # the flags were changed
+        fragments = encoder.fragments(request.messages)
+        if request.system:
+            fragments = [encode_body({"role": "system", "content": request.system}), *fragments]
+        return splice_messages(body, "model", fragments)
+
+    def _envelope(self, request: LLMRequest, messages: list[Any]) -> dict[str, Any]:
+        """The body around ``messages``: ``model`` first, ``messages`` second (the order
+        ``splice_messages`` relies on; ``config.extra`` merged last keeps both places)."""
+        config = request.config
         body: dict[str, Any] = {"model": config.model, "messages": messages}
         if request.tools:
             body["tools"] = [_tool(spec) for spec in request.tools]

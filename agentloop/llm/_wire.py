@@ -9,8 +9,8 @@ import json
 import math
 import re
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from typing import Any, ClassVar, Protocol, cast
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, ClassVar, Final, Protocol, cast
 
 import attrs
 import httpx
@@ -18,7 +18,7 @@ import trio
 
 from .._errors import ConfigError, ProviderError
 from .._http import client_for
-from .._model import CallConfig, Finish, LLMRequest, StreamPart
+from .._model import CallConfig, Finish, HistorySnapshot, LLMRequest, Message, StreamPart
 from ._base import AdapterDefaults, ModelAdapter, check_retry
 from ._efforts import AllowedEfforts, allowed_efforts, effort_problem
 from ._retry import RetryPolicy
@@ -59,11 +59,74 @@ def encode_body(value: object) -> bytes:
     to) cannot be encoded as UTF-8; it is sent as U+FFFD, so that one such string kept in a
     history does not make every later request of the session fail.
     """
-    text = dumps(value)
+    return encode_text(dumps(value))
+
+
+def encode_text(text: str) -> bytes:
+    """``text`` as UTF-8, a lone surrogate sent as U+FFFD (see :func:`encode_body`)."""
     try:
         return text.encode()
     except UnicodeEncodeError:
         return repair_surrogates(text).encode()
+
+
+# How many histories an adapter keeps encoded messages of (the most recently sent).
+ENCODED_HISTORIES: Final = 128
+
+
+class _Encoded:
+    __slots__ = ("fragments", "source")
+
+    def __init__(self, source: object) -> None:
+        self.source = source  # held, so that its id is not reused while this entry lives
+        self.fragments: list[bytes] = []
+
+
+class MessageEncoder:
+    """Each history message's wire JSON, encoded once per history rather than once per call.
+
+    A request's body holds the whole conversation, so encoding it afresh would cost every
+    step in proportion to the history. Messages of a :class:`HistorySnapshot` are encoded
+    as the history grows and kept per source (at most ``ENCODED_HISTORIES`` of them, the most
+    recently sent); other sequences are encoded whole. ``wire`` must give a message's JSON
+    from the message alone: never from its place in the list or its neighbours.
+    """
+
+    __slots__ = ("_histories", "_wire")
+
+    def __init__(self, wire: Callable[[Message], object]) -> None:
+        self._wire = wire
+        self._histories: dict[int, _Encoded] = {}
+
+    def fragments(self, messages: Sequence[Message]) -> list[bytes]:
+        wire = self._wire
+        if not isinstance(messages, HistorySnapshot):
+            return [encode_text(dumps(wire(m))) for m in messages]
+        source, n = messages.source, len(messages)
+        histories = self._histories
+        # An entry holds its source, so an id in here is always that source's.
+        entry = histories.pop(id(source), None)
+        if entry is None:
+            entry = _Encoded(source)
+        done = entry.fragments
+        for i in range(len(done), n):
+            done.append(encode_text(dumps(wire(messages[i]))))
+        histories[id(source)] = entry  # the most recently sent last
+        if len(histories) > ENCODED_HISTORIES:
+            del histories[next(iter(histories))]
+        return done if n == len(done) else done[:n]
+
+
+def splice_messages(body: Mapping[str, Any], first: str, fragments: list[bytes]) -> bytes:
+    """``encode_body(body)`` where ``body`` is ``{first: ..., "messages": ..., ...}`` and the
+    messages are already encoded as ``fragments``: the same bytes, with the messages joined
+    rather than encoded again."""
+    head = dumps({first: body[first]})[:-1]
+    rest = dumps({k: v for k, v in body.items() if k != first and k != "messages"})
+    return b"".join((
+        encode_text(head), b',"messages":[', b",".join(fragments),
+        b"]}" if rest == "{}" else b"]," + encode_text(rest[1:]),
+    ))
 
 
 @attrs.frozen(slots=True)
@@ -326,6 +389,11 @@ class HTTPStreamAdapter(ModelAdapter):
     def _body(self, request: LLMRequest) -> dict[str, Any]:
         raise NotImplementedError
 
+    def _content(self, request: LLMRequest) -> bytes:
+        """The request body's bytes: ``encode_body(self._body(request))``, or the same bytes
+        made more cheaply."""
+        return encode_body(self._body(request))
+
     def _decoder(self) -> PartDecoder:
         raise NotImplementedError
 
@@ -366,7 +434,7 @@ class HTTPStreamAdapter(ModelAdapter):
         url = self._url()
         failure: ProviderError | None = None
         try:
-            content = encode_body(self._body(request))
+            content = self._content(request)
         except ProviderError as exc:
             failure = exc
         except Exception as exc:  # noqa: BLE001 - every adapter failure is a provider failure
