@@ -25,16 +25,14 @@ Printed, never asserted.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 
 import attrs
+import sse_server
 import trio
 
 import agentloop
@@ -235,23 +233,6 @@ async def measure(rt: agentloop.Context, provider: str, prepare: Callable[[], No
               f"{statistics.median(v / r for v, r in zip(values, run, strict=True)):5.3f}")
 
 
-@contextlib.contextmanager
-def sse_server() -> Iterator[str]:
-    """The base URL of ``sse_server.py`` running in a process of its own."""
-    server = subprocess.Popen(
-        [sys.executable, str(Path(__file__).with_name("sse_server.py")), str(STEPS),
-         str(CHUNKS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )
-    try:
-        assert server.stdout is not None
-        port = int(server.stdout.readline())
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        assert server.stdin is not None
-        server.stdin.close()
-        server.wait(timeout=10)
-
-
 async def main() -> None:
     async with agentloop.open_runtime() as rt:
 
@@ -265,7 +246,7 @@ async def main() -> None:
         await measure(rt, "scripted", lambda: model.add(*script()),
                       "ScriptedModel (in process, one checkpoint per part)")
         if "--scripted" not in sys.argv:
-            with sse_server() as url:
+            with sse_server.started(STEPS, CHUNKS) as url:
                 rt.llm.register("http", OpenAIChatAdapter(url, api_key="bench"))
                 await measure(rt, "http", lambda: None,
                               "OpenAI chat completions over loopback HTTP (a server process, "

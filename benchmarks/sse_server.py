@@ -2,6 +2,8 @@
 
     python benchmarks/sse_server.py STEPS CHUNKS
 
+(or ``with sse_server.started(STEPS, CHUNKS) as base_url:`` from a benchmark).
+
 Prints its port on the first line of stdout, then serves ``POST /v1/chat/completions`` until
 stdin closes. Every request gets the same streamed reply, as a server streaming a model does
 it: each server-sent event in a chunk of its own, written and flushed as it is made (with
@@ -13,11 +15,15 @@ own, the server's work is not on the CPU clock of the process it serves.
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import socket
+import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 
@@ -73,6 +79,23 @@ def handler(steps: int, chunks: int) -> type[http.server.BaseHTTPRequestHandler]
                 self.wfile.flush()
 
     return Handler
+
+
+@contextlib.contextmanager
+def started(steps: int, chunks: int) -> Iterator[str]:
+    """The base URL of this server running in a process of its own, until the block ends."""
+    server = subprocess.Popen(
+        [sys.executable, str(Path(__file__)), str(steps), str(chunks)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        assert server.stdin is not None
+        server.stdin.close()
+        server.wait(timeout=10)
 
 
 def main() -> None:

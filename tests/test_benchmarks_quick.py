@@ -110,6 +110,7 @@ def _postgres_binaries() -> bool:
 OTHERS = [
     # The HTTP section runs last, against sse_server.py in a process of its own.
     (["bench_run.py", "--quick"], "over loopback HTTP"),
+    (["bench_history_http.py", "--quick"], "1,000 messages:"),
     (["bench_scheduler.py"], "per call:"),
     (["bench_subscribers.py", "--runs", "1"], "subscriber(s)"),
     (["bench_assembly.py", "--quick"], "1,000 messages"),
