@@ -1,9 +1,10 @@
-"""The chat adapter's request body, with the history's messages encoded once per history.
+"""Request bodies with the history's messages encoded once per history, not once per call.
 
-``OpenAIChatAdapter._content`` must send exactly the bytes of ``encode_body(_body(request))``
+Each HTTP adapter's ``_content`` must send exactly the bytes of ``encode_body(_body(request))``
 (the whole body encoded afresh), whatever the history, the snapshot, the flags and the
 config's extra; the property below drives histories that grow, are replaced, are read at an
-older length, are rewritten into plain tuples, and are sent to adapters whose flags change.
+older length and are rewritten into plain tuples, through the chat adapter (whose flags also
+change), the Responses adapter, and the Anthropic adapter with its cache breakpoints.
 """
 
 from __future__ import annotations
@@ -17,14 +18,16 @@ from hypothesis import strategies as st
 from agentloop._json import FrozenDict, freeze
 from agentloop._model import CallConfig, LLMRequest, Message, ToolCall, ToolSpec
 from agentloop._session import HistoryView
-from agentloop.llm import OpenAIChatAdapter
-from agentloop.llm._wire import ENCODED_HISTORIES, MessageEncoder, encode_body
+from agentloop.llm import AnthropicAdapter, OpenAIChatAdapter, OpenAIResponsesAdapter
+from agentloop.llm._wire import ENCODED_HISTORIES, MessageEncoder, encode_body, splice_body
 
 # Lone surrogates included: a provider's "\ud83d" escape can put one in a history, and the
-# body sends it as U+FFFD.
+# body sends it as U+FFFD. Frozen JSON (blocks, parts, arguments) refuses them, so it is
+# drawn from PLAIN.
 TEXT = st.text(st.characters(min_codepoint=0, max_codepoint=0x10FFFF), max_size=8)
+PLAIN = st.text(st.characters(blacklist_categories=("Cs",)), max_size=8)
 NAME = st.text(string.ascii_lowercase + "_", min_size=1, max_size=6)
-SCALAR = st.none() | st.booleans() | st.integers(-1000, 1000) | TEXT
+SCALAR = st.none() | st.booleans() | st.integers(-1000, 1000) | PLAIN
 ARGUMENTS = st.dictionaries(NAME, SCALAR, max_size=3).map(freeze) | TEXT
 
 
@@ -35,12 +38,12 @@ def _frozen(value: Any) -> FrozenDict:
 
 
 BLOCK = st.one_of(
-    st.builds(lambda text: _frozen({"format": "openai-chat", "text": text}), TEXT),
+    st.builds(lambda text: _frozen({"format": "openai-chat", "text": text}), PLAIN),
     st.builds(
         lambda text, field: _frozen(
             {"format": "openai-chat", "text": text, "fields": {"field": field}}
         ),
-        TEXT, st.sampled_from(["reasoning", "reasoning_content", "thinking"]),
+        PLAIN, st.sampled_from(["reasoning", "reasoning_content", "thinking"]),
     ),
     st.builds(
         lambda text, signature: _frozen({
@@ -48,18 +51,42 @@ BLOCK = st.one_of(
             "fields": {"detail": {"type": "reasoning.text", "text": "", "signature": signature},
                        "text_key": "text"},
         }),
-        TEXT, TEXT,
+        PLAIN, PLAIN,
     ),
-    st.builds(lambda text: _frozen({"format": "anthropic", "text": text}), TEXT),
+    st.builds(
+        lambda text, signature: _frozen(
+            {"format": "anthropic", "text": text, "signature": signature}
+        ),
+        PLAIN, st.none() | PLAIN,
+    ),
+    st.builds(
+        lambda data, after: _frozen({
+            "format": "anthropic", "text": "",
+            "fields": {"type": "redacted_thinking", "data": data, "after_tool_calls": after},
+        }),
+        PLAIN, st.integers(0, 2),
+    ),
+    st.builds(
+        lambda summary, after: _frozen({
+            "format": "openai-responses", "text": summary,
+            "fields": {"item": {"type": "reasoning", "summary": [summary]},
+                       "after_tool_calls": after},
+        }),
+        PLAIN, st.integers(0, 2),
+    ),
 )
 
 CALL = st.builds(ToolCall, NAME.map(lambda n: f"call_{n}"), NAME, ARGUMENTS)
+
+TOOL_RESULT = st.builds(
+    lambda call_id, text: Message("tool", text, tool_call_id=call_id, name="t"), NAME, TEXT,
+)
 
 MESSAGE = st.one_of(
     st.builds(Message, st.just("user"), TEXT),
     st.builds(
         lambda texts: Message("user", tuple(_frozen({"type": "text", "text": t}) for t in texts)),
-        st.lists(TEXT, min_size=1, max_size=2),
+        st.lists(PLAIN, min_size=1, max_size=2),
     ),
     st.builds(
         lambda text, calls, reasoning, blocks: Message(
@@ -68,10 +95,7 @@ MESSAGE = st.one_of(
         ),
         TEXT, st.lists(CALL, max_size=2), st.none() | TEXT, st.lists(BLOCK, max_size=2),
     ),
-    st.builds(
-        lambda call_id, text: Message("tool", text, tool_call_id=call_id, name="t"),
-        NAME, TEXT,
-    ),
+    TOOL_RESULT,
 )
 
 EXTRA = st.dictionaries(
@@ -83,6 +107,8 @@ EXTRA = st.dictionaries(
 OPS = st.lists(
     st.one_of(
         st.tuples(st.just("append"), st.lists(MESSAGE, min_size=1, max_size=3)),
+        # Results, and text after them, join the last wire message for Anthropic.
+        st.tuples(st.just("append"), st.lists(TOOL_RESULT | MESSAGE, min_size=1, max_size=2)),
         st.tuples(st.just("replace"), st.lists(MESSAGE, max_size=3)),
         st.tuples(st.just("older"), st.integers(0, 20)),
         st.tuples(st.just("rewritten"), st.none()),
@@ -103,17 +129,31 @@ def request(messages: Any, system: str | None, extra: dict[str, Any], tools: boo
     )
 
 
-def check(adapter: OpenAIChatAdapter, req: LLMRequest) -> None:
+def check(adapter: Any, req: LLMRequest) -> None:
     assert adapter._content(req) == encode_body(adapter._body(req))
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.lists(MESSAGE, max_size=4), OPS, st.booleans(), st.booleans())
+URL = "http://127.0.0.1:9/v1"
+ADAPTERS = st.one_of(
+    st.builds(
+        lambda pad, details: OpenAIChatAdapter(
+            URL, api_key="k", tool_call_reasoning=pad, reasoning_details=details
+        ),
+        st.booleans(), st.booleans(),
+    ),
+    st.builds(lambda: OpenAIResponsesAdapter(URL, api_key="k")),
+    st.builds(
+        lambda cache: AnthropicAdapter(URL, api_key="k", cache=cache),
+        st.sets(st.sampled_from(["system", "history", "tools"])),
+    ),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(MESSAGE, max_size=4), OPS, ADAPTERS)
 def test_the_spliced_body_is_the_whole_body_encoded(
-    first: list[Message], ops: list[tuple[str, Any]], pad: bool, details: bool
+    first: list[Message], ops: list[tuple[str, Any]], adapter: Any
 ) -> None:
-    adapter = OpenAIChatAdapter("http://127.0.0.1:9/v1", api_key="k",
-                                tool_call_reasoning=pad, reasoning_details=details)
     items = list(first)
     system: str | None = None
     extra: dict[str, Any] = {}
@@ -132,18 +172,35 @@ def test_the_spliced_body_is_the_whole_body_encoded(
         elif op == "rewritten":
             view = tuple(reversed(items))
         elif op == "flags":
-            adapter.tool_call_reasoning, adapter.reasoning_details = value
+            if isinstance(adapter, OpenAIChatAdapter):
+                adapter.tool_call_reasoning, adapter.reasoning_details = value
         else:
             system, extra, tools = value
         check(adapter, request(view, system, extra, tools))
 
 
+def test_anthropic_tool_results_and_text_after_them_join_the_last_message() -> None:
+    adapter = AnthropicAdapter(URL, api_key="k")
+    calls = (ToolCall("c1", "t", freeze({})), ToolCall("c2", "t", freeze({})))
+    items = [Message("user", "q"), Message("assistant", "", tool_calls=calls)]
+    for more in (
+        Message("tool", "r1", tool_call_id="c1"),
+        Message("tool", "r2", tool_call_id="c2"),  # the same wire message as r1
+        Message("user", "and then?"),  # still the same one
+        Message("assistant", "done"),
+    ):
+        items.append(more)
+        check(adapter, request(HistoryView(items, len(items)), None, {}, tools=False))
+    body = adapter._body(request(HistoryView(items, len(items)), None, {}, tools=False))
+    assert [m["role"] for m in body["messages"]] == ["user", "assistant", "user", "assistant"]
+
+
 def test_only_the_new_messages_are_encoded() -> None:
     wired: list[Message] = []
 
-    def wire(message: Message) -> object:
+    def wire(message: Message) -> list[Any]:
         wired.append(message)
-        return {"content": message.content}
+        return [{"content": message.content}]
 
     encoder = MessageEncoder(wire)
     items = [Message("user", "a"), Message("assistant", "b")]
@@ -161,13 +218,25 @@ def test_only_the_new_messages_are_encoded() -> None:
 
 
 def test_at_most_the_most_recent_histories_are_kept() -> None:
-    encoder = MessageEncoder(lambda m: {"content": m.content})
+    encoder = MessageEncoder(lambda m: [{"content": m.content}])
     histories = [[Message("user", str(i))] for i in range(ENCODED_HISTORIES + 5)]
     for items in histories:
         encoder.fragments(HistoryView(items, 1))
     kept = encoder._histories
-    assert len(kept) == ENCODED_HISTORIES
-    assert [entry.source for entry in kept.values()] == histories[5:]
+    assert kept.sources() == histories[5:]
     # Sending an old one again makes it the most recent, encoded afresh and correct.
     assert encoder.fragments(HistoryView(histories[0], 1)) == [b'{"content":"0"}']
-    assert next(reversed(kept.values())).source is histories[0]
+    assert kept.sources()[-1] is histories[0]
+    assert len(kept.sources()) == ENCODED_HISTORIES
+
+
+def test_a_message_sent_as_no_item_or_as_several() -> None:
+    encoder = MessageEncoder(lambda m: [{"n": i} for i in range(len(m.text))])
+    items = [Message("user", ""), Message("user", "ab"), Message("user", "")]
+    fragments = encoder.fragments(HistoryView(items, 3))
+    assert fragments == [b"", b'{"n":0},{"n":1}', b""]
+    body = {"model": "m", "input": [], "stream": True}
+    assert splice_body(body, "input", fragments) == (
+        b'{"model":"m","input":[{"n":0},{"n":1}],"stream":true}'
+    )
+    assert body == {"model": "m", "input": [], "stream": True}

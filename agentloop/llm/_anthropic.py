@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
@@ -14,6 +14,7 @@ from .._model import (
     CallConfig,
     Finish,
     FinishReason,
+    HistorySnapshot,
     LLMRequest,
     Message,
     ReasoningDelta,
@@ -25,7 +26,17 @@ from .._model import (
 from ._base import AdapterDefaults
 from ._efforts import ANTHROPIC_EFFORT
 from ._retry import RetryPolicy
-from ._wire import HTTPStreamAdapter, SSEEvent, dumps, error_fields, int_counters, parse_event_json
+from ._wire import (
+    HistoryCache,
+    HTTPStreamAdapter,
+    SSEEvent,
+    dumps,
+    encode_body,
+    error_fields,
+    int_counters,
+    parse_event_json,
+    splice_body,
+)
 
 __all__ = ["AnthropicAdapter", "CacheBreakpoint"]
 
@@ -117,6 +128,7 @@ class AnthropicAdapter(HTTPStreamAdapter):
         # The SDK's convention: the root without the version; a root that has it is kept.
         version = "" if urlsplit(self.base_url).path.endswith("/v1") else "/v1"
         self._endpoint = f"{self.base_url}{version}{self._path}"
+        self._histories: HistoryCache[_Converted] = HistoryCache(_Converted)
 
     def _url(self) -> str:
         return self._endpoint
@@ -139,6 +151,30 @@ class AnthropicAdapter(HTTPStreamAdapter):
         return {"anthropic-version": ANTHROPIC_VERSION}
 
     def _body(self, request: LLMRequest) -> dict[str, Any]:
+        messages = _messages(request.messages)
+        if "history" in self.cache:
+            _mark_last_block(messages, self._marker)
+        return self._envelope(request, messages)
+
+    def _content(self, request: LLMRequest) -> bytes:
+        # Only the history's new messages are converted and encoded per call (as the chat
+        # adapter's, but per wire message: see _Converted).
+        if type(self)._body is not AnthropicAdapter._body:
+            return encode_body(self._body(request))
+        placeholder: list[Any] = []
+        body = self._envelope(request, placeholder)
+        history = request.messages
+        if body["messages"] is not placeholder or not isinstance(history, HistorySnapshot):
+            return encode_body(self._body(request))  # replaced by extra, or rewritten
+        converted = self._histories.get(history.source)
+        if len(history) < converted.count:
+            return encode_body(self._body(request))  # an older snapshot: rare
+        converted.add(history[i] for i in range(converted.count, len(history)))
+        marker = self._marker if "history" in self.cache else None
+        return splice_body(body, "messages", converted.fragments(marker))
+
+    def _envelope(self, request: LLMRequest, messages: list[Any]) -> dict[str, Any]:
+        """The body around the wire ``messages``."""
         config = request.config
         body: dict[str, Any] = {"model": config.model}
         if config.max_tokens is not None:
@@ -151,9 +187,7 @@ class AnthropicAdapter(HTTPStreamAdapter):
                 ]
             else:
                 body["system"] = request.system
-        body["messages"] = _messages(request.messages)
-        if "history" in cache:
-            _mark_last_block(body["messages"], self._marker)
+        body["messages"] = messages
         if request.tools:
             body["tools"] = [_tool(spec) for spec in request.tools]
             if "tools" in cache:
@@ -171,42 +205,81 @@ def _blocks(content: str | tuple[Any, ...]) -> list[Any]:
 
 
 def _messages(history: Sequence[Message]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    # The content list of the user turn that collects tool results, while it is still open:
-    # the API wants all results of one assistant turn (and any user text after them) together.
-    results: list[Any] | None = None
-    for message in history:
-        if message.role == "tool":
-            if results is None:
-                results = []
-                out.append({"role": "user", "content": results})
-            content = message.content
-            results.append(
-                {
-                    "type": "tool_result",
-                    "tool_use_id": message.tool_call_id,
-                    "content": content if isinstance(content, str) else list(content),
-                    "is_error": message.is_error,
-                }
-            )
-        elif message.role == "user":
-            if results is not None:
-                results.extend(_blocks(message.content))
-                results = None
-            else:
+    converted = _Converted()
+    converted.add(history)
+    return converted.out
+
+
+class _Converted:
+    """A history's wire messages, converted as the history grows.
+
+    Consecutive tool results, and user text right after them, go into one user message,
+    so the last wire message may still grow; every one before it is final, and is encoded
+    once (``encoded``).
+    """
+
+    __slots__ = ("count", "encoded", "out", "results")
+
+    def __init__(self) -> None:
+        self.count = 0  # history messages converted
+        self.out: list[dict[str, Any]] = []
+        # The content list of the user turn that collects tool results, while it is still
+        # open: the API wants all results of one assistant turn (and any user text after
+        # them) together.
+        self.results: list[Any] | None = None
+        self.encoded: list[bytes] = []  # out[i], encoded, for every final i
+
+    def add(self, messages: Iterable[Message]) -> None:
+        out, results = self.out, self.results
+        for message in messages:
+            self.count += 1
+            if message.role == "tool":
+                if results is None:
+                    results = []
+                    out.append({"role": "user", "content": results})
                 content = message.content
-                out.append(
+                results.append(
                     {
-                        "role": "user",
+                        "type": "tool_result",
+                        "tool_use_id": message.tool_call_id,
                         "content": content if isinstance(content, str) else list(content),
+                        "is_error": message.is_error,
                     }
                 )
-        else:
-            results = None
-            blocks = _assistant_blocks(message)
-            if blocks:
-                out.append({"role": "assistant", "content": blocks})
-    return out
+            elif message.role == "user":
+                if results is not None:
+                    results.extend(_blocks(message.content))
+                    results = None
+                else:
+                    content = message.content
+                    out.append(
+                        {
+                            "role": "user",
+                            "content": content if isinstance(content, str) else list(content),
+                        }
+                    )
+            else:
+                results = None
+                blocks = _assistant_blocks(message)
+                if blocks:
+                    out.append({"role": "assistant", "content": blocks})
+        self.results = results
+
+    def fragments(self, marker: FrozenDict | None) -> list[bytes]:
+        """Every wire message encoded, the last one with ``marker`` on its last block."""
+        out, encoded = self.out, self.encoded
+        if not out:
+            return []
+        for i in range(len(encoded), len(out) - 1):
+            encoded.append(encode_body(out[i]))
+        last = out[-1]
+        if marker is not None:
+            # Marked on a copy: the last message may still grow, and is marked afresh.
+            last = {**last}
+            if isinstance(last["content"], list):
+                last["content"] = list(last["content"])
+            _mark_last_block([last], marker)
+        return [*encoded, encode_body(last)]
 
 
 def _mark_last_block(messages: list[dict[str, Any]], marker: FrozenDict) -> None:

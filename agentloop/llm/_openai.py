@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
@@ -35,7 +34,7 @@ from ._wire import (
     error_fields,
     int_counters,
     parse_event_json,
-    splice_messages,
+    splice_body,
 )
 
 __all__ = ["OpenAIChatAdapter"]
@@ -153,7 +152,7 @@ class OpenAIChatAdapter(HTTPStreamAdapter):
     def _new_encoder(self) -> tuple[tuple[bool, bool], MessageEncoder]:
         pad, details = self.tool_call_reasoning, self.reasoning_details
         return (pad, details), MessageEncoder(
-            functools.partial(_message, pad=pad, details=details)
+            lambda message: [_message(message, pad, details)]
         )
 
     def _content(self, request: LLMRequest) -> bytes:
@@ -165,18 +164,17 @@ class OpenAIChatAdapter(HTTPStreamAdapter):
         placeholder: list[Any] = []
         body = self._envelope(request, placeholder)
         if body["messages"] is not placeholder:
-            return encode_body(body)
+            return encode_body(body)  # replaced by the config's extra
         flags, encoder = self._encoder
         if flags != (self.tool_call_reasoning, self.reasoning_details):
             flags, encoder = self._encoder = self._new_encoder()  # the flags were changed
         fragments = encoder.fragments(request.messages)
         if request.system:
             fragments = [encode_body({"role": "system", "content": request.system}), *fragments]
-        return splice_messages(body, "model", fragments)
+        return splice_body(body, "messages", fragments)
 
     def _envelope(self, request: LLMRequest, messages: list[Any]) -> dict[str, Any]:
-        """The body around ``messages``: ``model`` first, ``messages`` second (the order
-        ``splice_messages`` relies on; ``config.extra`` merged last keeps both places)."""
+        """The body around ``messages``."""
         config = request.config
         body: dict[str, Any] = {"model": config.model, "messages": messages}
         if request.tools:

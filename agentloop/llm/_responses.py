@@ -24,7 +24,17 @@ from .._model import (
 from ._base import AdapterDefaults
 from ._efforts import AllowedEfforts
 from ._retry import RetryPolicy
-from ._wire import HTTPStreamAdapter, SSEEvent, dumps, error_fields, int_counters, parse_event_json
+from ._wire import (
+    HTTPStreamAdapter,
+    MessageEncoder,
+    SSEEvent,
+    dumps,
+    encode_body,
+    error_fields,
+    int_counters,
+    parse_event_json,
+    splice_body,
+)
 
 __all__ = ["OpenAIResponsesAdapter"]
 
@@ -88,16 +98,32 @@ class OpenAIResponsesAdapter(HTTPStreamAdapter):
             retry=retry, reasoning_efforts=reasoning_efforts,
         )
         self.encrypted_reasoning = encrypted_reasoning
+        # A message's items depend on the message alone: encoded once per history.
+        self._encoder = MessageEncoder(_message_items)
 
     def _auth_headers(self, api_key: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {api_key}"}
 
     def _body(self, request: LLMRequest) -> dict[str, Any]:
+        return self._envelope(request, _items(request.messages))
+
+    def _content(self, request: LLMRequest) -> bytes:
+        # As the chat adapter's: only the history's new messages are encoded per call.
+        if type(self)._body is not OpenAIResponsesAdapter._body:
+            return encode_body(self._body(request))
+        placeholder: list[Any] = []
+        body = self._envelope(request, placeholder)
+        if body["input"] is not placeholder:
+            return encode_body(body)  # replaced by the config's extra
+        return splice_body(body, "input", self._encoder.fragments(request.messages))
+
+    def _envelope(self, request: LLMRequest, items: list[Any]) -> dict[str, Any]:
+        """The body around the input ``items``."""
         config = request.config
         body: dict[str, Any] = {"model": config.model}
         if request.system:
             body["instructions"] = request.system
-        body["input"] = _items(request.messages)
+        body["input"] = items
         if request.tools:
             body["tools"] = [_tool(spec) for spec in request.tools]
         body["stream"] = True
@@ -133,28 +159,24 @@ def _user_part(part: object) -> object:
 
 
 def _items(history: Sequence[Message]) -> list[Any]:
-    items: list[Any] = []
-    for message in history:
-        if message.role == "user":
-            content = message.content
-            items.append(
-                {
-                    "role": "user",
-                    "content": content if isinstance(content, str)
-                    else [_user_part(part) for part in content],
-                }
-            )
-        elif message.role == "tool":
-            items.append(
-                {
-                    "type": "function_call_output",
-                    "call_id": message.tool_call_id,
-                    "output": content_text(message.content),
-                }
-            )
-        else:
-            items.extend(_assistant_items(message))
-    return items
+    return [item for message in history for item in _message_items(message)]
+
+
+def _message_items(message: Message) -> list[Any]:
+    if message.role == "user":
+        content = message.content
+        return [{
+            "role": "user",
+            "content": content if isinstance(content, str)
+            else [_user_part(part) for part in content],
+        }]
+    if message.role == "tool":
+        return [{
+            "type": "function_call_output",
+            "call_id": message.tool_call_id,
+            "output": content_text(message.content),
+        }]
+    return _assistant_items(message)
 
 
 def _assistant_items(message: Message) -> list[Any]:

@@ -9,8 +9,9 @@ import json
 import math
 import re
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
-from typing import Any, ClassVar, Final, Protocol, cast
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
+from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar, cast
 
 import attrs
 import httpx
@@ -73,13 +74,34 @@ def encode_text(text: str) -> bytes:
 # How many histories an adapter keeps encoded messages of (the most recently sent).
 ENCODED_HISTORIES: Final = 128
 
+Entry = TypeVar("Entry")
 
-class _Encoded:
-    __slots__ = ("fragments", "source")
 
-    def __init__(self, source: object) -> None:
-        self.source = source  # held, so that its id is not reused while this entry lives
-        self.fragments: list[bytes] = []
+class HistoryCache(Generic[Entry]):
+    """Per history source (``HistorySnapshot.source``), what an adapter worked out from its
+    messages: at most ``ENCODED_HISTORIES`` entries, the most recently used kept."""
+
+    __slots__ = ("_entries", "_new")
+
+    def __init__(self, new: Callable[[], Entry]) -> None:
+        self._new = new
+        # id(source) -> (source, entry); the source is held, so that its id is not reused
+        # while its entry lives. Insertion order is recency: the most recently used last.
+        self._entries: dict[int, tuple[object, Entry]] = {}
+
+    def get(self, source: object) -> Entry:
+        entries = self._entries
+        found = entries.pop(id(source), None)
+        if found is None:
+            found = (source, self._new())
+        entries[id(source)] = found
+        if len(entries) > ENCODED_HISTORIES:
+            del entries[next(iter(entries))]
+        return found[1]
+
+    def sources(self) -> list[object]:
+        """The sources kept, the least recently used first."""
+        return [source for source, _ in self._entries.values()]
 
 
 class MessageEncoder:
@@ -87,45 +109,53 @@ class MessageEncoder:
 
     A request's body holds the whole conversation, so encoding it afresh would cost every
     step in proportion to the history. Messages of a :class:`HistorySnapshot` are encoded
-    as the history grows and kept per source (at most ``ENCODED_HISTORIES`` of them, the most
-    recently sent); other sequences are encoded whole. ``wire`` must give a message's JSON
-    from the message alone: never from its place in the list or its neighbours.
+    as the history grows and kept per source (see :class:`HistoryCache`); other sequences
+    are encoded whole. ``wire`` gives the JSON items a message is sent as (none, one or
+    more) from the message alone, never from its place in the list or its neighbours.
     """
 
     __slots__ = ("_histories", "_wire")
 
-    def __init__(self, wire: Callable[[Message], object]) -> None:
+    def __init__(self, wire: Callable[[Message], list[Any]]) -> None:
         self._wire = wire
-        self._histories: dict[int, _Encoded] = {}
+        self._histories: HistoryCache[list[bytes]] = HistoryCache(list)
+
+    def _encoded(self, message: Message) -> bytes:
+        return b",".join([encode_text(dumps(item)) for item in self._wire(message)])
 
     def fragments(self, messages: Sequence[Message]) -> list[bytes]:
-        wire = self._wire
+        """One fragment per message: its items encoded and joined by commas (``b""`` for
+        none); join the non-empty ones for the list of items."""
         if not isinstance(messages, HistorySnapshot):
-            return [encode_text(dumps(wire(m))) for m in messages]
-        source, n = messages.source, len(messages)
-        histories = self._histories
-        # An entry holds its source, so an id in here is always that source's.
-        entry = histories.pop(id(source), None)
-        if entry is None:
-            entry = _Encoded(source)
-        done = entry.fragments
+            return [self._encoded(m) for m in messages]
+        n = len(messages)
+        done = self._histories.get(messages.source)
         for i in range(len(done), n):
-            done.append(encode_text(dumps(wire(messages[i]))))
-        histories[id(source)] = entry  # the most recently sent last
-        if len(histories) > ENCODED_HISTORIES:
-            del histories[next(iter(histories))]
+            done.append(self._encoded(messages[i]))
         return done if n == len(done) else done[:n]
 
 
-def splice_messages(body: Mapping[str, Any], first: str, fragments: list[bytes]) -> bytes:
-    """``encode_body(body)`` where ``body`` is ``{first: ..., "messages": ..., ...}`` and the
-    messages are already encoded as ``fragments``: the same bytes, with the messages joined
-    rather than encoded again."""
-    head = dumps({first: body[first]})[:-1]
-    rest = dumps({k: v for k, v in body.items() if k != first and k != "messages"})
+# Stands for the spliced list while the rest of a body is encoded; random, so that no value
+# in a request can be mistaken for it.
+_SPLICE: Final = f"agentloop-splice-{uuid.uuid4().hex}"
+_SPLICE_JSON: Final = json.dumps(_SPLICE)
+
+
+def splice_body(body: dict[str, Any], key: str, fragments: Iterable[bytes]) -> bytes:
+    """``encode_body(body)`` with ``body[key]`` the JSON list whose items are already encoded
+    as ``fragments`` (empty ones skipped): the same bytes, the list joined rather than
+    encoded again. ``body`` is changed only while this runs."""
+    value = body[key]
+    body[key] = _SPLICE
+    try:
+        before, *after = dumps(body).split(_SPLICE_JSON)
+    finally:
+        body[key] = value
+    if len(after) != 1:
+        raise AssertionError(f"the splice marker appears {len(after)} times in the body")
     return b"".join((
-        encode_text(head), b',"messages":[', b",".join(fragments),
-        b"]}" if rest == "{}" else b"]," + encode_text(rest[1:]),
+        encode_text(before), b"[", b",".join(filter(None, fragments)), b"]",
+        encode_text(after[0]),
     ))
 
 
