@@ -8,7 +8,9 @@ runs the same 50-step turn (10 chunks and one tool call per step) through
 ``OpenAIChatAdapter`` from ``sse_server.py`` (a server in a process of its own) on sessions
 seeded with 10 and with 1,000 messages, interleaved. The figure is this process's CPU time
 per step (the server's work is not in it), best of N; what grows with the history is
-building and sending the request body.
+building and sending the request body. Beside it, in process: building the body of one
+1,000-message request as it is sent (each message encoded once per history) and encoded
+whole, as it was.
 """
 
 from __future__ import annotations
@@ -22,12 +24,37 @@ import trio
 from bench_core import seed_history
 
 import agentloop
+from agentloop._model import CallConfig, LLMRequest, Message
+from agentloop._session import HistoryView
 from agentloop.llm import OpenAIChatAdapter
+from agentloop.llm._wire import encode_body
 
 STEPS, CHUNKS = 50, 10
 QUICK = "--quick" in sys.argv
 RUNS = 1 if QUICK else int(sys.argv[sys.argv.index("--runs") + 1]) if "--runs" in sys.argv else 5
 HISTORIES = (10, 1000)
+
+
+def body_us() -> tuple[float, float]:
+    """Microseconds to build one 1,000-message request body: as sent, and encoded whole."""
+    adapter = OpenAIChatAdapter("http://127.0.0.1:9/v1", api_key="bench")
+    items: list[Message] = []
+    for i in range(500):
+        items += [Message("user", f"question {i}"), Message("assistant", f"answer {i} " * 20)]
+    request = LLMRequest(system="You are helpful.", messages=HistoryView(items, len(items)),
+                         tools=(), config=CallConfig(provider="p", model="m", max_tokens=64))
+    assert adapter._content(request) == encode_body(adapter._body(request))
+    spliced = whole = float("inf")
+    for _ in range(RUNS + 2):
+        start = time.process_time_ns()
+        for _ in range(50):
+            adapter._content(request)
+        spliced = min(spliced, (time.process_time_ns() - start) / 50 / 1000)
+        start = time.process_time_ns()
+        for _ in range(5):
+            encode_body(adapter._body(request))
+        whole = min(whole, (time.process_time_ns() - start) / 5 / 1000)
+    return spliced, whole
 
 
 async def main() -> None:
@@ -64,6 +91,10 @@ async def main() -> None:
     print(f"  10 messages:     {small:8.1f} us/step")
     print(f"  1,000 messages:  {large:8.1f} us/step")
     print(f"  ratio:           {large / small:8.3f}x")
+    spliced, whole = body_us()
+    print("one 1,000-message request body, in process, CPU clock")
+    print(f"  as sent:         {spliced:8.1f} us")
+    print(f"  encoded whole:   {whole:8.1f} us")
 
 
 if __name__ == "__main__":

@@ -115,7 +115,8 @@ class OpenAIResponsesAdapter(HTTPStreamAdapter):
         body = self._envelope(request, placeholder)
         if body["input"] is not placeholder:
             return encode_body(body)  # replaced by the config's extra
-        return splice_body(body, "input", self._encoder.fragments(request.messages))
+        fragments = self._encoder.fragments(request.messages)
+        return splice_body(body, "input", fragments, empty=True)  # a message may be no item
 
     def _envelope(self, request: LLMRequest, items: list[Any]) -> dict[str, Any]:
         """The body around the input ``items``."""

@@ -141,10 +141,12 @@ _SPLICE: Final = f"agentloop-splice-{uuid.uuid4().hex}"
 _SPLICE_JSON: Final = json.dumps(_SPLICE)
 
 
-def splice_body(body: dict[str, Any], key: str, fragments: Iterable[bytes]) -> bytes:
+def splice_body(
+    body: dict[str, Any], key: str, fragments: Iterable[bytes], *, empty: bool = False
+) -> bytes:
     """``encode_body(body)`` with ``body[key]`` the JSON list whose items are already encoded
-    as ``fragments`` (empty ones skipped): the same bytes, the list joined rather than
-    encoded again. ``body`` is changed only while this runs."""
+    as ``fragments`` (with ``empty``, some may be ``b""`` and are skipped): the same bytes,
+    the list joined rather than encoded again. ``body`` is changed only while this runs."""
     value = body[key]
     body[key] = _SPLICE
     try:
@@ -154,7 +156,8 @@ def splice_body(body: dict[str, Any], key: str, fragments: Iterable[bytes]) -> b
     if len(after) != 1:
         raise AssertionError(f"the splice marker appears {len(after)} times in the body")
     return b"".join((
-        encode_text(before), b"[", b",".join(filter(None, fragments)), b"]",
+        encode_text(before), b"[", b",".join(filter(None, fragments) if empty else fragments),
+        b"]",
         encode_text(after[0]),
     ))
 
