@@ -475,6 +475,7 @@ async def _transaction(
             rt.leases[session_id] = token
         leased = False
         scope: Context | None = None
+        owed: list[Job] = []  # rebuilt jobs whose answer a resume still delivers
         try:
             if not resumed and backend is not None and await backend.exists(session_id):
                 raise SessionIdInUse(
@@ -505,7 +506,7 @@ async def _transaction(
                 # took its jobs' registry; both are mended before setup sees the agent.
                 from ._subagents import recover_children
 
-                await recover_children(agent)
+                owed = await recover_children(agent)
             if setup is not None:
                 preparing = rt.supervisor.preparing
                 preparing[session_id] = agent
@@ -544,6 +545,9 @@ async def _transaction(
         token.published = True
         token.settled.set()
         agent._lease = token if backend is not None else None
+        for job in owed:
+            # Published, and its actor not yet run: before any step could claim input.
+            job._deliver_to(agent)
         return handle
 
 

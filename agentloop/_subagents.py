@@ -475,9 +475,14 @@ class JobsService:
         # The id is in the child's meta, so a resumed owner can still answer for the job
         # after a crash took its registry (see recover_children).
         job_id = f"job-{uuid.uuid4().hex[:12]}"
+        # ``job_deliver`` too, so that a resumed owner still gets an answer that never
+        # reached its log (see _rebuild_job).
+        meta: dict[str, object] = {"job_id": job_id}
+        if deliver:
+            meta["job_deliver"] = True
         handle, parent, owner = await _spawn(
             self._ctx, agent_options=agent_options, setup=setup, session_id=session_id,
-            seed=None, meta={"job_id": job_id},
+            seed=None, meta=meta,
         )
         rt = self._ctx._runtime
         job = Job._create(
@@ -510,33 +515,36 @@ class JobsService:
 _LOST: Final = "the process running it stopped before it finished (a crash); start it again"
 
 
-async def recover_children(parent: Agent) -> None:
+async def recover_children(parent: Agent) -> list[Job]:
     """Close the turns a crash left open in ``parent``'s stored descendants, and give the
-    resumed parent its jobs back.
+    resumed parent its jobs back; the jobs whose answer is still owed to it.
 
     Run by ``agents.resume`` before the parent's ``setup``. Each descendant (a stored
     session whose ``meta`` names its parent, transitively) is taken under its lease, its
     open turn closed as the parent's own is (cause ``crash``), flushed, and let go; one that
     a live driver holds (here or in another process) is left alone. Each direct child whose
     ``meta`` has a ``job_id`` becomes a finished :class:`Job` of the parent again: ``failed``
-    when the crash cut it short, else the status its last turn ended with.
+    when the crash cut it short, else the status its last turn ended with. A job started
+    with ``deliver=True`` whose answer (or failure) no step of the parent claimed is
+    returned, to be delivered once the parent is published.
     """
     rt = parent._rt
     backend = rt.persistence
     scope = parent.ctx
+    undelivered: list[Job] = []
     if backend is None or scope is None:
-        return
+        return undelivered
     try:
         infos = await backend.list()
     except PersistenceError as exc:
         log.warning("session %s: cannot list its sub-agents to recover them: %s", parent.id, exc)
-        return
+        return undelivered
     below: dict[str, list[str]] = {}
     for info in sorted(infos, key=lambda i: i.created_at):  # oldest first: the job order
         if info.parent_session_id is not None:
             below.setdefault(info.parent_session_id, []).append(info.id)
     if parent.id not in below:
-        return
+        return undelivered
     seen = {parent.id}
     queue = deque(below[parent.id])
     while queue:
@@ -547,7 +555,10 @@ async def recover_children(parent: Agent) -> None:
         queue.extend(below.get(sid, ()))
         session = await _recover_one(parent, sid)
         if session is not None and session.meta.get("parent_session_id") == parent.id:
-            _rebuild_job(parent, scope, session)
+            owed = _rebuild_job(parent, scope, session)
+            if owed is not None:
+                undelivered.append(owed)
+    return undelivered
 
 
 async def _recover_one(parent: Agent, session_id: str) -> Session | None:
@@ -591,11 +602,13 @@ async def _recover_one(parent: Agent, session_id: str) -> Session | None:
         claim.settled.set()
 
 
-def _rebuild_job(parent: Agent, scope: Context, session: Session) -> None:
+def _rebuild_job(parent: Agent, scope: Context, session: Session) -> Job | None:
+    """The finished job of ``session`` listed again; returned when its answer is still owed
+    to the parent (``deliver=True``, and no delivery of it in the parent's log)."""
     job_id = session.meta.get("job_id")
     jobs = parent._rt.supervisor.jobs
     if not isinstance(job_id, str) or job_id in jobs:
-        return
+        return None
     end: SessionEvent | None = None
     text = ""
     for event in session.events:
@@ -621,6 +634,22 @@ def _rebuild_job(parent: Agent, scope: Context, session: Session) -> None:
         job._finish("failed", error=JobFailed(f"job {job_id!r} ended {reason} without an answer"))
     jobs[job_id] = job
     scope.track(Disposer(job._abandon))
+    # Injected input lives in the inbox until a step claims it: a crash, or a disposal while
+    # the owner was idle, lost it. The log says whether it arrived.
+    return (
+        job if session.meta.get("job_deliver") is True and job.status != "cancelled"
+        and not _delivered(parent.session, job_id) else None
+    )
+
+
+def _delivered(session: Session, job_id: str) -> bool:
+    """Whether a delivery of job ``job_id`` was claimed into ``session``'s log."""
+    for event in session.events:
+        if event.type == "user/message" or event.type == "steering/message":
+            source = event.data.get("source")
+            if isinstance(source, Mapping) and source.get("job") == job_id:
+                return True
+    return False
 
 
 # --- following a whole tree -------------------------------------------------------------------

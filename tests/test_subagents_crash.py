@@ -49,8 +49,8 @@ def call(name: str, args: dict[str, Any], call_id: str) -> list[Part]:
 # --- the process to kill ----------------------------------------------------------------------
 
 
-async def doomed(db: str) -> None:
-    async with agentloop.open_runtime(config(db), plugins=[subagents()]) as rt:
+async def doomed(db: str, deliver: bool = False) -> None:
+    async with agentloop.open_runtime(config(db), plugins=[subagents(deliver=deliver)]) as rt:
         arrived = 0
 
         @rt.tools.tool(concurrency="parallel")
@@ -94,10 +94,10 @@ async def doomed(db: str) -> None:
 # --- the test ---------------------------------------------------------------------------------
 
 
-async def run_until_ready_then_kill(db: Path | str, log: Path) -> None:
+async def run_until_ready_then_kill(db: Path | str, log: Path, *args: str) -> None:
     from conftest import kill_when_ready
 
-    await kill_when_ready([sys.executable, __file__, str(db)], log)
+    await kill_when_ready([sys.executable, __file__, str(db), *args], log)
 
 
 def stored(db: Path) -> dict[str, tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]]:
@@ -214,6 +214,37 @@ async def test_resuming_a_killed_parent_closes_its_tree_and_reports_the_lost_job
     }
 
 
+@pytest.mark.slow
+async def test_a_job_lost_at_a_crash_delivers_its_failure_when_it_was_to_deliver(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "sessions.db"
+    await run_until_ready_then_kill(db, tmp_path / "child.log", "deliver")
+    before = stored(db)
+    job_child = {first_prompt(rows): sid for sid, (_, rows) in before.items()}["background"]
+    meta = before[job_child][0]
+    assert meta["job_deliver"] is True
+    job_id = meta["job_id"]
+
+    async def fn(request: LLMRequest) -> AsyncIterator[Part]:
+        yield TextDelta("noted")
+        yield Finish("stop")
+
+    with trio.fail_after(15):
+        async with agentloop.open_runtime(config(db), plugins=[subagents()]) as rt:
+            rt.llm.register("fn", FunctionModel(fn))
+            handle = await rt.agents.resume(resume_session_id=BOSS, agent_options=OPTIONS)
+            agent = handle.agent
+            # Its answer never came: the owner is told the job was lost, once.
+            [owed] = agent.inbox.next_step
+            assert owed.source == {"job": job_id, "status": "failed", "session_id": job_child}
+            assert isinstance(owed.content, str)
+            assert "lost" in owed.content and "crash" in owed.content
+            assert (await agent.ask("go on")).text == "noted"
+            assert deliveries(agent) == [job_id]
+            await handle.aclose()
+
+
 # --- in one process: what a resume rebuilds, and what it leaves alone ----------------------
 
 
@@ -262,6 +293,51 @@ async def test_a_resumed_parent_answers_for_its_finished_jobs(tmp_path: Path) ->
         assert rt._runtime.supervisor.jobs == {}
 
 
+def deliveries(agent: agentloop.Agent) -> list[str]:
+    """The job ids of the deliveries claimed into ``agent``'s log, in order."""
+    return [
+        e.data["source"]["job"] for e in agent.session.events
+        if e.type in ("user/message", "steering/message")
+        and isinstance(e.data.get("source"), dict | agentloop.FrozenDict)
+        and "job" in e.data["source"]
+    ]
+
+
+async def test_a_resumed_parent_gets_a_delivery_that_never_reached_its_log_once(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "s.db"
+    async with agentloop.open_runtime(config(db)) as rt:
+        rt.llm.register("fn", echo_model())
+        handle = await rt.agents.create(session_id=BOSS, agent_options=OPTIONS)
+        agent = handle.agent
+        assert agent.ctx is not None
+        claimed = await agent.ctx.jobs.start("report", deliver=True)
+        await claimed.result()
+        await agent.ask("next")  # the turn claims the delivery
+        assert deliveries(agent) == [claimed.id]
+        dropped = await agent.ctx.jobs.start("later", deliver=True)
+        await dropped.result()
+        # Injected, pending: the idle owner is not woken, and its disposal drops it.
+        assert [m.source["job"] for m in agent.inbox.next_step] == [dropped.id]
+        quiet = await agent.ctx.jobs.start("quietly")  # without deliver: never delivered
+        await quiet.result()
+        await handle.aclose()
+
+    for _ in range(2):  # the second resume finds it in the log: nothing is delivered again
+        async with agentloop.open_runtime(config(db)) as rt:
+            rt.llm.register("fn", echo_model())
+            handle = await rt.agents.resume(resume_session_id=BOSS, agent_options=OPTIONS)
+            agent = handle.agent
+            assert agent.ctx is not None
+            assert [j.status for j in agent.ctx.jobs.list()] == ["done", "done", "done"]
+            pending = [m.source["job"] for m in agent.inbox.next_step]
+            assert pending == ([dropped.id] if not deliveries(agent)[1:] else [])
+            await agent.ask("and now?")
+            assert deliveries(agent) == [claimed.id, dropped.id]
+            await handle.aclose()
+
+
 async def test_a_resume_leaves_a_descendant_that_a_live_driver_holds(tmp_path: Path) -> None:
     db = tmp_path / "s.db"
     gate = trio.Event()
@@ -296,6 +372,6 @@ async def test_a_resume_leaves_a_descendant_that_a_live_driver_holds(tmp_path: P
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: test_subagents_crash.py DB")
-    trio.run(doomed, sys.argv[1])
+    if len(sys.argv) not in (2, 3) or sys.argv[2:] not in ([], ["deliver"]):
+        raise SystemExit("usage: test_subagents_crash.py DB [deliver]")
+    trio.run(doomed, sys.argv[1], sys.argv[2:] == ["deliver"])
