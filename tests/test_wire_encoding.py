@@ -236,7 +236,7 @@ def test_a_message_sent_as_no_item_or_as_several() -> None:
     fragments = encoder.fragments(HistoryView(items, 3))
     assert fragments == [b"", b'{"n":0},{"n":1}', b""]
     body = {"model": "m", "input": [], "stream": True}
-    assert splice_body(body, "input", fragments, empty=True) == (
+    assert splice_body(body, "input", fragments) == (
         b'{"model":"m","input":[{"n":0},{"n":1}],"stream":true}'
     )
     assert body == {"model": "m", "input": [], "stream": True}

@@ -35,7 +35,6 @@ from ._wire import (
     error_fields,
     int_counters,
     parse_event_json,
-    splice_body,
 )
 
 __all__ = ["AnthropicAdapter", "CacheBreakpoint"]
@@ -92,6 +91,7 @@ class AnthropicAdapter(HTTPStreamAdapter):
     """
 
     _path: ClassVar[str] = "/messages"
+    _history_key: ClassVar[str] = "messages"
     _kind: ClassVar[str] = "anthropic"
     _default_defaults: ClassVar[AdapterDefaults] = AdapterDefaults(max_tokens=_FALLBACK_MAX_TOKENS)
 
@@ -150,28 +150,22 @@ class AnthropicAdapter(HTTPStreamAdapter):
     def _static_headers(self) -> dict[str, str]:
         return {"anthropic-version": ANTHROPIC_VERSION}
 
-    def _body(self, request: LLMRequest) -> dict[str, Any]:
+    def _items(self, request: LLMRequest) -> list[Any]:
         messages = _messages(request.messages)
         if "history" in self.cache:
             _mark_last_block(messages, self._marker)
-        return self._envelope(request, messages)
+        return messages
 
-    def _content(self, request: LLMRequest) -> bytes:
-        # Only the history's new messages are converted and encoded per call (as the chat
-        # adapter's, but per wire message: see _Converted).
-        if type(self)._body is not AnthropicAdapter._body:
-            return encode_body(self._body(request))
-        placeholder: list[Any] = []
-        body = self._envelope(request, placeholder)
+    def _fragments(self, request: LLMRequest) -> list[bytes] | None:
+        # Converted per wire message as the history grows: see _Converted.
         history = request.messages
-        if body["messages"] is not placeholder or not isinstance(history, HistorySnapshot):
-            return encode_body(self._body(request))  # replaced by extra, or rewritten
+        if not isinstance(history, HistorySnapshot):
+            return None  # rewritten
         converted = self._histories.get(history.source)
         if len(history) < converted.count:
-            return encode_body(self._body(request))  # an older snapshot: rare
+            return None  # an older snapshot: rare
         converted.add(history[i] for i in range(converted.count, len(history)))
-        marker = self._marker if "history" in self.cache else None
-        return splice_body(body, "messages", converted.fragments(marker))
+        return converted.fragments(self._marker if "history" in self.cache else None)
 
     def _envelope(self, request: LLMRequest, messages: list[Any]) -> dict[str, Any]:
         """The body around the wire ``messages``."""

@@ -34,7 +34,6 @@ from ._wire import (
     error_fields,
     int_counters,
     parse_event_json,
-    splice_body,
 )
 
 __all__ = ["OpenAIChatAdapter"]
@@ -109,6 +108,7 @@ class OpenAIChatAdapter(HTTPStreamAdapter):
     """
 
     _path: ClassVar[str] = "/chat/completions"
+    _history_key: ClassVar[str] = "messages"
     supports_json_schema: ClassVar[bool] = True
     _kind: ClassVar[str] = "openai"
 
@@ -141,13 +141,13 @@ class OpenAIChatAdapter(HTTPStreamAdapter):
     def _auth_headers(self, api_key: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {api_key}"}
 
-    def _body(self, request: LLMRequest) -> dict[str, Any]:
-        messages: list[dict[str, Any]] = []
+    def _items(self, request: LLMRequest) -> list[Any]:
+        messages: list[Any] = []
         if request.system:
             messages.append({"role": "system", "content": request.system})
         pad, details = self.tool_call_reasoning, self.reasoning_details
         messages.extend(_message(message, pad, details) for message in request.messages)
-        return self._envelope(request, messages)
+        return messages
 
     def _new_encoder(self) -> tuple[tuple[bool, bool], MessageEncoder]:
         pad, details = self.tool_call_reasoning, self.reasoning_details
@@ -155,23 +155,14 @@ class OpenAIChatAdapter(HTTPStreamAdapter):
             lambda message: [_message(message, pad, details)]
         )
 
-    def _content(self, request: LLMRequest) -> bytes:
-        # The history's messages come encoded from the encoder; only the new ones are
-        # encoded per call. A subclass's own _body, and a config's extra "messages" (which
-        # replaces them), go the long way.
-        if type(self)._body is not OpenAIChatAdapter._body:
-            return encode_body(self._body(request))
-        placeholder: list[Any] = []
-        body = self._envelope(request, placeholder)
-        if body["messages"] is not placeholder:
-            return encode_body(body)  # replaced by the config's extra
+    def _fragments(self, request: LLMRequest) -> list[bytes]:
         flags, encoder = self._encoder
         if flags != (self.tool_call_reasoning, self.reasoning_details):
             flags, encoder = self._encoder = self._new_encoder()  # the flags were changed
         fragments = encoder.fragments(request.messages)
         if request.system:
-            fragments = [encode_body({"role": "system", "content": request.system}), *fragments]
-        return splice_body(body, "messages", fragments)
+            return [encode_body({"role": "system", "content": request.system}), *fragments]
+        return fragments
 
     def _envelope(self, request: LLMRequest, messages: list[Any]) -> dict[str, Any]:
         """The body around ``messages``."""

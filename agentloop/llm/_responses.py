@@ -29,11 +29,9 @@ from ._wire import (
     MessageEncoder,
     SSEEvent,
     dumps,
-    encode_body,
     error_fields,
     int_counters,
     parse_event_json,
-    splice_body,
 )
 
 __all__ = ["OpenAIResponsesAdapter"]
@@ -79,6 +77,7 @@ class OpenAIResponsesAdapter(HTTPStreamAdapter):
     """
 
     _path: ClassVar[str] = "/responses"
+    _history_key: ClassVar[str] = "input"
     _kind: ClassVar[str] = "openai-responses"
 
     def __init__(
@@ -104,19 +103,11 @@ class OpenAIResponsesAdapter(HTTPStreamAdapter):
     def _auth_headers(self, api_key: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {api_key}"}
 
-    def _body(self, request: LLMRequest) -> dict[str, Any]:
-        return self._envelope(request, _items(request.messages))
+    def _items(self, request: LLMRequest) -> list[Any]:
+        return _items(request.messages)
 
-    def _content(self, request: LLMRequest) -> bytes:
-        # As the chat adapter's: only the history's new messages are encoded per call.
-        if type(self)._body is not OpenAIResponsesAdapter._body:
-            return encode_body(self._body(request))
-        placeholder: list[Any] = []
-        body = self._envelope(request, placeholder)
-        if body["input"] is not placeholder:
-            return encode_body(body)  # replaced by the config's extra
-        fragments = self._encoder.fragments(request.messages)
-        return splice_body(body, "input", fragments, empty=True)  # a message may be no item
+    def _fragments(self, request: LLMRequest) -> list[bytes]:
+        return self._encoder.fragments(request.messages)  # b"" for a message of no item
 
     def _envelope(self, request: LLMRequest, items: list[Any]) -> dict[str, Any]:
         """The body around the input ``items``."""

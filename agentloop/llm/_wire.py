@@ -141,12 +141,10 @@ _SPLICE: Final = f"agentloop-splice-{uuid.uuid4().hex}"
 _SPLICE_JSON: Final = json.dumps(_SPLICE)
 
 
-def splice_body(
-    body: dict[str, Any], key: str, fragments: Iterable[bytes], *, empty: bool = False
-) -> bytes:
+def splice_body(body: dict[str, Any], key: str, fragments: Iterable[bytes]) -> bytes:
     """``encode_body(body)`` with ``body[key]`` the JSON list whose items are already encoded
-    as ``fragments`` (with ``empty``, some may be ``b""`` and are skipped): the same bytes,
-    the list joined rather than encoded again. ``body`` is changed only while this runs."""
+    as ``fragments`` (empty ones stand for no item): the same bytes, the list joined rather
+    than encoded again. ``body`` is changed only while this runs."""
     value = body[key]
     body[key] = _SPLICE
     try:
@@ -156,8 +154,7 @@ def splice_body(
     if len(after) != 1:
         raise AssertionError(f"the splice marker appears {len(after)} times in the body")
     return b"".join((
-        encode_text(before), b"[", b",".join(filter(None, fragments) if empty else fragments),
-        b"]",
+        encode_text(before), b"[", b",".join(filter(None, fragments)), b"]",
         encode_text(after[0]),
     ))
 
@@ -419,13 +416,42 @@ class HTTPStreamAdapter(ModelAdapter):
     def _static_headers(self) -> dict[str, str]:
         return {}
 
+    # The body's key for the conversation's list (messages, input items): see _content.
+    _history_key: ClassVar[str] = ""
+
     def _body(self, request: LLMRequest) -> dict[str, Any]:
+        """The request body, built whole: what ``_content`` must encode to."""
+        return self._envelope(request, self._items(request))
+
+    def _items(self, request: LLMRequest) -> list[Any]:
+        """The conversation's list as the body carries it at ``_history_key``."""
         raise NotImplementedError
 
+    def _envelope(self, request: LLMRequest, items: list[Any]) -> dict[str, Any]:
+        """The body around the conversation's ``items``."""
+        raise NotImplementedError
+
+    def _fragments(self, request: LLMRequest) -> list[bytes] | None:
+        """The items of ``_items(request)``, each encoded (``b""`` for none), mostly from
+        what earlier calls encoded; ``None`` when only building them whole will do."""
+        return None
+
     def _content(self, request: LLMRequest) -> bytes:
-        """The request body's bytes: ``encode_body(self._body(request))``, or the same bytes
-        made more cheaply."""
-        return encode_body(self._body(request))
+        """The request body's bytes: those of ``encode_body(self._body(request))``, with the
+        conversation's items spliced in as ``_fragments`` has them encoded, so that a step
+        does not encode the whole history again."""
+        key = self._history_key
+        if not key or type(self)._body is not HTTPStreamAdapter._body:
+            return encode_body(self._body(request))  # a subclass's own body
+        placeholder: list[Any] = []
+        body = self._envelope(request, placeholder)
+        if body.get(key) is not placeholder:
+            return encode_body(body)  # the config's extra replaced the list
+        fragments = self._fragments(request)
+        if fragments is None:
+            body[key] = self._items(request)
+            return encode_body(body)
+        return splice_body(body, key, fragments)
 
     def _decoder(self) -> PartDecoder:
         raise NotImplementedError
