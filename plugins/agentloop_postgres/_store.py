@@ -19,7 +19,6 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
-import json
 import math
 import os
 import queue
@@ -29,12 +28,23 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterator
-from typing import Any, Final, Generic, Self, TypeAlias, TypeVar, cast
+from typing import Any, Final, Self, TypeAlias, TypeVar, cast
 
 import attrs
 import psycopg
 import psycopg.conninfo
 import trio
+from agentloop_storekit import DECODER as _DECODER
+from agentloop_storekit import ENCODER as _ENCODER
+from agentloop_storekit import Flush as _Flush
+from agentloop_storekit import Request as _Request
+from agentloop_storekit import Stop as _Stop
+from agentloop_storekit import frozen_array as _frozen_array
+from agentloop_storekit import nothing as _nothing
+from agentloop_storekit import process_identity as _process_identity
+from agentloop_storekit import readable as _readable
+from agentloop_storekit import shape_problem as _shape_problem
+from agentloop_storekit import unicode_reason as _unicode_reason
 
 from agentloop import (
     FrozenDict,
@@ -185,84 +195,12 @@ WITH added AS (
 SELECT (SELECT count(*) FROM added), (SELECT count(*) FROM bumped)
 """
 
-_ENCODER: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"number {text} is out of range")
-    return value
-
-
-def _reject_constant(name: str) -> object:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _frozen_array(items: builtins.list[Any]) -> tuple[Any, ...]:
-    return tuple([_frozen_array(item) if type(item) is list else item for item in items])
-
-
-def _frozen_object(pairs: builtins.list[tuple[str, Any]]) -> FrozenDict:
-    return FrozenDict([(k, _frozen_array(v)) if type(v) is list else (k, v) for k, v in pairs])
-
-
-# Decodes straight to deep-frozen values (what ``freeze(json.loads(text))`` gives).
-_DECODER: Final = json.JSONDecoder(
-    object_pairs_hook=_frozen_object, parse_float=_finite_float, parse_constant=_reject_constant
-)
-
-# The keys that readers of a loaded log index directly: a stored event without them is
-# reported here, by session and seq, rather than as a KeyError wherever it is first read.
-_REQUIRED_KEYS: Final[dict[str, tuple[str, ...]]] = {
-    "user/message": ("content",),
-    "steering/message": ("content",),
-    "tool/call": ("call_id",),
-    "tool/result": ("call_id", "name", "content"),
-}
-_TOOL_CALL_KEYS: Final = ("id", "name", "arguments")
-
-
-def _shape_problem(type_: str, data: FrozenDict) -> str | None:
-    """What a reader would trip over in an event's data, or None."""
-    for key in _REQUIRED_KEYS.get(type_, ()):
-        if key not in data:
-            return f"lacks {key!r}"
-    if type_ == "assistant/message":
-        calls = data.get("tool_calls", ())
-        if not isinstance(calls, tuple):
-            return "has tool_calls that is not a list"
-        for i, call in enumerate(calls):
-            if not isinstance(call, FrozenDict):
-                return f"has tool_calls[{i}] that is not an object"
-            for key in _TOOL_CALL_KEYS:
-                if key not in call:
-                    return f"lacks {key!r} in tool_calls[{i}]"
-    elif (
-        type_ == "assistant/chunk"
-        and data.get("kind") in ("text", "reasoning")
-        and not isinstance(data.get("delta"), str)
-    ):
-        return "lacks a text 'delta'"
-    return None
-
-
 def _decode_any(text: str, where: str) -> Any:
     try:
         value = _DECODER.decode(text)
     except (TypeError, ValueError, RecursionError) as exc:
         raise PersistenceError(f"{where} does not decode: {exc}") from exc
     return _frozen_array(value) if type(value) is list else value
-
-
-def _unicode_reason(exc: UnicodeEncodeError, where: str = "") -> str:
-    if "surrogate" in exc.reason:
-        return f"lone surrogate {exc.object[exc.start : exc.end]!r}{where} is not valid UTF-8"
-    return f"text{where} cannot be encoded as UTF-8: {exc}"
-
-
-def _readable(text: str) -> str:
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def masked_dsn(dsn: str) -> str:
@@ -287,17 +225,6 @@ def _password(dsn: str) -> str | None:
     except psycopg.Error:
         return None
     return str(value) if value else None
-
-
-def _process_identity(pid: int) -> tuple[str, str] | None:
-    """A process's state letter and start time (clock ticks since boot), or None without /proc."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-        fields = raw[raw.rindex(b")") + 2 :].split()
-        return fields[0].decode(), fields[19].decode()
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 _T = TypeVar("_T")
@@ -329,55 +256,6 @@ class StoreStats:
     """Lease renewals sent."""
 
 
-class _Request(Generic[_T]):
-    """One call into the worker thread, answered on the calling trio thread."""
-
-    __slots__ = ("_delivered", "_done", "_error", "_fn", "_token", "_value")
-
-    def __init__(self, fn: Callable[[], _T]) -> None:
-        self._fn = fn
-        self._token = trio.lowlevel.current_trio_token()
-        self._done = trio.Event()
-        self._value: _T | None = None
-        self._error: BaseException | None = None
-        self._delivered = False
-
-    def run(self) -> bool:
-        try:
-            value = self._fn()
-        except Exception as exc:  # noqa: BLE001 - handed to the waiting task, which raises it
-            self.fail(exc)
-            return False
-        self._deliver(value, None)
-        return True
-
-    def fail(self, error: BaseException) -> None:
-        self._deliver(None, error)
-
-    def _deliver(self, value: _T | None, error: BaseException | None) -> None:
-        if self._delivered:
-            return
-        self._delivered = True
-        self._value = value
-        self._error = error
-        with contextlib.suppress(trio.RunFinishedError):
-            self._token.run_sync_soon(self._done.set)
-
-    async def wait(self) -> _T:
-        await self._done.wait()
-        if self._error is not None:
-            raise self._error
-        return cast("_T", self._value)
-
-
-class _Flush(_Request[None]):
-    __slots__ = ()
-
-
-class _Stop(_Request[None]):
-    __slots__ = ()
-
-
 _Append: TypeAlias = "tuple[str, int, SessionEvent]"
 _Item: TypeAlias = "_Append | _Request[Any]"
 
@@ -399,10 +277,6 @@ INBOX_CHANNEL: Final = "agentloop_inbox"
 
 class _RowRaceError(Exception):
     """Another runtime inserted a session's first lease row between our read and insert."""
-
-
-def _nothing() -> None:
-    return None
 
 
 class PostgresSessionStore:
