@@ -475,7 +475,7 @@ async def _transaction(
             rt.leases[session_id] = token
         leased = False
         scope: Context | None = None
-        owed: list[Job] = []  # rebuilt jobs whose answer a resume still delivers
+        owed: list[Job] = []  # jobs a crash cut short, whose failure a resume delivers
         try:
             if not resumed and backend is not None and await backend.exists(session_id):
                 raise SessionIdInUse(
@@ -546,7 +546,7 @@ async def _transaction(
         token.settled.set()
         agent._lease = token if backend is not None else None
         for job in owed:
-            # Published, and its actor not yet run: before any step could claim input.
+            # As soon as the agent can take input (published): its next step, or next turn.
             job._deliver_to(agent)
         return handle
 

@@ -525,8 +525,8 @@ async def recover_children(parent: Agent) -> list[Job]:
     a live driver holds (here or in another process) is left alone. Each direct child whose
     ``meta`` has a ``job_id`` becomes a finished :class:`Job` of the parent again: ``failed``
     when the crash cut it short, else the status its last turn ended with. A job started
-    with ``deliver=True`` whose answer (or failure) no step of the parent claimed is
-    returned, to be delivered once the parent is published.
+    with ``deliver=True`` that the crash cut short is returned: its failure is delivered
+    once the parent is published.
     """
     rt = parent._rt
     backend = rt.persistence
@@ -553,17 +553,20 @@ async def recover_children(parent: Agent) -> list[Job]:
             continue  # a meta loop can only come from hand-edited stores
         seen.add(sid)
         queue.extend(below.get(sid, ()))
-        session = await _recover_one(parent, sid)
-        if session is not None and session.meta.get("parent_session_id") == parent.id:
-            owed = _rebuild_job(parent, scope, session)
+        recovered = await _recover_one(parent, sid)
+        if recovered is None:
+            continue
+        session, closed = recovered
+        if session.meta.get("parent_session_id") == parent.id:
+            owed = _rebuild_job(parent, scope, session, closed=closed)
             if owed is not None:
                 undelivered.append(owed)
     return undelivered
 
 
-async def _recover_one(parent: Agent, session_id: str) -> Session | None:
-    """The stored session, its crashed turn closed and flushed; None when someone drives it
-    or it cannot be read."""
+async def _recover_one(parent: Agent, session_id: str) -> tuple[Session, bool] | None:
+    """The stored session, its crashed turn closed and flushed, and whether this closed one;
+    None when someone drives it or it cannot be read."""
     rt = parent._rt
     backend = rt.persistence
     assert backend is not None
@@ -585,9 +588,10 @@ async def _recover_one(parent: Agent, session_id: str) -> Session | None:
                 session.load(stored.events)
                 before = session.last_seq
                 recover_crashed_turn(session)
-                if session.last_seq != before:
+                closed = session.last_seq != before
+                if closed:
                     await backend.flush(session_id, session.last_seq)
-                return session
+                return session, closed
             except PersistenceError as exc:
                 log.warning("sub-agent %s of %s: not recovered: %s", session_id, parent.id, exc)
                 return None
@@ -602,9 +606,12 @@ async def _recover_one(parent: Agent, session_id: str) -> Session | None:
         claim.settled.set()
 
 
-def _rebuild_job(parent: Agent, scope: Context, session: Session) -> Job | None:
-    """The finished job of ``session`` listed again; returned when its answer is still owed
-    to the parent (``deliver=True``, and no delivery of it in the parent's log)."""
+def _rebuild_job(
+    parent: Agent, scope: Context, session: Session, *, closed: bool
+) -> Job | None:
+    """The finished job of ``session`` listed again; returned when its failure is owed to
+    the parent: a ``deliver=True`` job whose turn this resume found cut by a crash
+    (``closed``), and so never delivered anything."""
     job_id = session.meta.get("job_id")
     jobs = parent._rt.supervisor.jobs
     if not isinstance(job_id, str) or job_id in jobs:
@@ -634,22 +641,12 @@ def _rebuild_job(parent: Agent, scope: Context, session: Session) -> Job | None:
         job._finish("failed", error=JobFailed(f"job {job_id!r} ended {reason} without an answer"))
     jobs[job_id] = job
     scope.track(Disposer(job._abandon))
-    # Injected input lives in the inbox until a step claims it: a crash, or a disposal while
-    # the owner was idle, lost it. The log says whether it arrived.
-    return (
-        job if session.meta.get("job_deliver") is True and job.status != "cancelled"
-        and not _delivered(parent.session, job_id) else None
-    )
-
-
-def _delivered(session: Session, job_id: str) -> bool:
-    """Whether a delivery of job ``job_id`` was claimed into ``session``'s log."""
-    for event in session.events:
-        if event.type == "user/message" or event.type == "steering/message":
-            source = event.data.get("source")
-            if isinstance(source, Mapping) and source.get("job") == job_id:
-                return True
-    return False
+    # A job that finished before the crash delivered its answer then, into the inbox, where
+    # it fared as all pending input does (claimed, removed, or lost with the process). One
+    # the crash cut short never delivered: its failure is, once, by the resume that finds
+    # the crash (a later resume finds the turn closed already).
+    return job if closed and job.status == "failed" and session.meta.get("job_deliver") is True \
+        else None
 
 
 # --- following a whole tree -------------------------------------------------------------------

@@ -243,6 +243,12 @@ async def test_a_job_lost_at_a_crash_delivers_its_failure_when_it_was_to_deliver
             assert (await agent.ask("go on")).text == "noted"
             assert deliveries(agent) == [job_id]
             await handle.aclose()
+        # The next resume finds the job's turn closed already: nothing is delivered again.
+        async with agentloop.open_runtime(config(db), plugins=[subagents()]) as rt:
+            rt.llm.register("fn", FunctionModel(fn))
+            handle = await rt.agents.resume(resume_session_id=BOSS, agent_options=OPTIONS)
+            assert handle.agent.inbox.next_step == ()
+            await handle.aclose()
 
 
 # --- in one process: what a resume rebuilds, and what it leaves alone ----------------------
@@ -303,7 +309,7 @@ def deliveries(agent: agentloop.Agent) -> list[str]:
     ]
 
 
-async def test_a_resumed_parent_gets_a_delivery_that_never_reached_its_log_once(
+async def test_a_finished_job_delivered_before_a_resume_is_not_delivered_again(
     tmp_path: Path,
 ) -> None:
     db = tmp_path / "s.db"
@@ -316,26 +322,23 @@ async def test_a_resumed_parent_gets_a_delivery_that_never_reached_its_log_once(
         await claimed.result()
         await agent.ask("next")  # the turn claims the delivery
         assert deliveries(agent) == [claimed.id]
-        dropped = await agent.ctx.jobs.start("later", deliver=True)
-        await dropped.result()
-        # Injected, pending: the idle owner is not woken, and its disposal drops it.
-        assert [m.source["job"] for m in agent.inbox.next_step] == [dropped.id]
-        quiet = await agent.ctx.jobs.start("quietly")  # without deliver: never delivered
-        await quiet.result()
+        removed = await agent.ctx.jobs.start("later", deliver=True)
+        await removed.result()
+        [pending] = agent.inbox.next_step
+        assert pending.source["job"] == removed.id
+        assert agent.remove(pending.id)  # the owner's choice: it stays removed
         await handle.aclose()
 
-    for _ in range(2):  # the second resume finds it in the log: nothing is delivered again
-        async with agentloop.open_runtime(config(db)) as rt:
-            rt.llm.register("fn", echo_model())
-            handle = await rt.agents.resume(resume_session_id=BOSS, agent_options=OPTIONS)
-            agent = handle.agent
-            assert agent.ctx is not None
-            assert [j.status for j in agent.ctx.jobs.list()] == ["done", "done", "done"]
-            pending = [m.source["job"] for m in agent.inbox.next_step]
-            assert pending == ([dropped.id] if not deliveries(agent)[1:] else [])
-            await agent.ask("and now?")
-            assert deliveries(agent) == [claimed.id, dropped.id]
-            await handle.aclose()
+    async with agentloop.open_runtime(config(db)) as rt:
+        rt.llm.register("fn", echo_model())
+        handle = await rt.agents.resume(resume_session_id=BOSS, agent_options=OPTIONS)
+        agent = handle.agent
+        assert agent.ctx is not None
+        assert [j.status for j in agent.ctx.jobs.list()] == ["done", "done"]
+        assert agent.inbox.next_step == ()
+        await agent.ask("and now?")
+        assert deliveries(agent) == [claimed.id]
+        await handle.aclose()
 
 
 async def test_a_resume_leaves_a_descendant_that_a_live_driver_holds(tmp_path: Path) -> None:
