@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal, NewType, TypeAlias, get_args
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, NewType, TypeAlias, TypeVar, get_args
 
 import attrs
 
@@ -194,6 +194,9 @@ class ToolSpec:
     parameters: FrozenDict
 
 
+_Memo = TypeVar("_Memo")
+
+
 class HistorySnapshot(Sequence[Message]):
     """The first ``len(self)`` messages of an append-only list, ``source``.
 
@@ -209,6 +212,13 @@ class HistorySnapshot(Sequence[Message]):
     def source(self) -> object:
         """The list this is a prefix of, as an identity (compared with ``is``, never read)."""
         raise NotImplementedError
+
+    def memo(self, key: object, new: Callable[[], _Memo]) -> _Memo:
+        """What ``key`` keeps about ``source`` (made by ``new`` the first time it asks): it
+        lives as long as the source is the history, and goes with it (a replacement starts
+        a new source, and with it new memos). A snapshot that keeps none makes a new one at
+        every call."""
+        return new()
 
 
 @attrs.frozen(slots=True, kw_only=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
-from typing import Final, cast, overload
+from typing import Final, TypeVar, cast, overload
 
 from . import _log
 from ._bus import EventBus
@@ -72,13 +72,16 @@ class LogView(Sequence[SessionEvent]):
         return f"<LogView of {len(self._items)} events>"
 
 
+_Memo = TypeVar("_Memo")
+
+
 class HistoryView(HistorySnapshot):
     """An immutable snapshot of the derived history (the first ``n`` messages)."""
 
     __slots__ = ("_gen", "_items", "_n", "_owner")
 
     def __init__(
-        self, items: list[Message], n: int, gen: int = 0, owner: object = None
+        self, items: list[Message], n: int, gen: int = 0, owner: Session | None = None
     ) -> None:
         self._items = items
         self._n = n
@@ -92,6 +95,18 @@ class HistoryView(HistorySnapshot):
     def source(self) -> object:
         # Appends go to the same list; a replacement makes a new one (Session._replace).
         return self._items
+
+    def memo(self, key: object, new: Callable[[], _Memo]) -> _Memo:
+        owner = self._owner
+        if owner is None or self._items is not owner._history:
+            return new()  # no session, or one whose history has been replaced since
+        memos = owner._memos
+        if memos is None:
+            memos = owner._memos = {}  # made on first use: most sessions never need one
+        found = memos.get(key)
+        if found is None:
+            found = memos[key] = new()
+        return cast("_Memo", found)
 
     @overload
     def __getitem__(self, i: int) -> Message: ...
@@ -256,7 +271,7 @@ class Session:
     """
 
     __slots__ = (
-        "_awaiting", "_bus", "_call_ids", "_gen", "_history", "_last_call", "_log",
+        "_awaiting", "_bus", "_call_ids", "_gen", "_history", "_last_call", "_log", "_memos",
         "_open_turn", "_origins", "_splices", "_turn_usage", "_unanswered", "_usage", "_view",
         "_wake", "id", "meta", "turns",
     )
@@ -267,6 +282,9 @@ class Session:
         self._bus = bus
         self._log: list[SessionEvent] = []
         self._history: list[Message] = []
+        # What adapters keep about _history (its messages encoded), by their key: dropped
+        # with each new list, so that it never outlives the history it describes.
+        self._memos: dict[object, object] | None = None
         # The seq that produced each message, parallel to _history; non-decreasing, since a
         # replacement's messages count as produced by its last_seq.
         self._origins: list[int] = []
@@ -408,6 +426,7 @@ class Session:
         if not (isinstance(first, int) and isinstance(last, int) and first <= last):
             raise ValueError(f"history/replaced: {first!r}..{last!r} is not a range of seqs")
         self._history, self._origins, at = self._spliced(first, last, messages)
+        self._memos = None
         self._gen += 1
         self._splices.append(at)
         self._last_call = None  # the usage it had described no longer matches the history

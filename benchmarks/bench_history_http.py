@@ -24,8 +24,10 @@ import trio
 from bench_core import seed_history
 
 import agentloop
-from agentloop._model import CallConfig, LLMRequest, Message
-from agentloop._session import HistoryView
+from agentloop._bus import EventBus
+from agentloop._json import FrozenDict, freeze
+from agentloop._model import CallConfig, LLMRequest
+from agentloop._session import Session
 from agentloop.llm import OpenAIChatAdapter
 from agentloop.llm._wire import encode_body
 
@@ -38,11 +40,12 @@ HISTORIES = (10, 1000)
 def body_us() -> tuple[float, float]:
     """Microseconds to build one 1,000-message request body: as sent, and encoded whole."""
     adapter = OpenAIChatAdapter("http://127.0.0.1:9/v1", api_key="bench")
-    items: list[Message] = []
+    session = Session("body", FrozenDict(), EventBus())
     for i in range(500):
-        items += [Message("user", f"question {i}"), Message("assistant", f"answer {i} " * 20)]
-    request = LLMRequest(system="You are helpful.", messages=HistoryView(items, len(items)),
-                         tools=(), config=CallConfig(provider="p", model="m", max_tokens=64))
+        session.append("user/message", freeze({"message_id": f"m{i}", "content": f"q {i}"}), i)
+        session.append("assistant/message", freeze({"content": f"answer {i} " * 20}), i)
+    request = LLMRequest(system="You are helpful.", messages=session.messages(), tools=(),
+                         config=CallConfig(provider="p", model="m", max_tokens=64))
     assert adapter._content(request) == encode_body(adapter._body(request))
     spliced = whole = float("inf")
     for _ in range(RUNS + 2):

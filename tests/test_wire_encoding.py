@@ -12,14 +12,17 @@ from __future__ import annotations
 import string
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import agentloop
+from agentloop._bus import EventBus
 from agentloop._json import FrozenDict, freeze
 from agentloop._model import CallConfig, LLMRequest, Message, ToolCall, ToolSpec
-from agentloop._session import HistoryView
+from agentloop._session import HistoryView, Session
 from agentloop.llm import AnthropicAdapter, OpenAIChatAdapter, OpenAIResponsesAdapter
-from agentloop.llm._wire import ENCODED_HISTORIES, MessageEncoder, encode_body, splice_body
+from agentloop.llm._wire import MessageEncoder, encode_body, splice_body
 
 # Lone surrogates included: a provider's "\ud83d" escape can put one in a history, and the
 # body sends it as U+FFFD. Frozen JSON (blocks, parts, arguments) refuses them, so it is
@@ -119,6 +122,20 @@ OPS = st.lists(
 )
 
 
+class Views:
+    """Snapshots of lists as sessions make them: each list the history of its own session."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[int, Session] = {}
+
+    def __call__(self, items: list[Message], n: int | None = None) -> HistoryView:
+        session = self._sessions.get(id(items))
+        if session is None:
+            session = self._sessions[id(items)] = Session("s", agentloop.FrozenDict(), EventBus())
+            session._history = items  # the list its views are of (kept alive here)
+        return HistoryView(items, len(items) if n is None else n, 0, session)
+
+
 def request(messages: Any, system: str | None, extra: dict[str, Any], tools: bool) -> LLMRequest:
     spec = ToolSpec("noop", "Do nothing.", _frozen({"type": "object", "properties": {}}))
     return LLMRequest(
@@ -154,21 +171,22 @@ ADAPTERS = st.one_of(
 def test_the_spliced_body_is_the_whole_body_encoded(
     first: list[Message], ops: list[tuple[str, Any]], adapter: Any
 ) -> None:
+    views = Views()
     items = list(first)
     system: str | None = None
     extra: dict[str, Any] = {}
     tools = False
-    check(adapter, request(HistoryView(items, len(items)), system, extra, tools))
+    check(adapter, request(views(items), system, extra, tools))
     for op, value in ops:
-        view: Any = HistoryView(items, len(items))
+        view: Any = views(items)
         if op == "append":
             items.extend(value)
-            view = HistoryView(items, len(items))
+            view = views(items)
         elif op == "replace":
             items = [*items[: len(items) // 2], *value]  # a new list: a new source
-            view = HistoryView(items, len(items))
+            view = views(items)
         elif op == "older":
-            view = HistoryView(items, min(value, len(items)))  # a snapshot taken earlier
+            view = views(items, min(value, len(items)))  # a snapshot taken earlier
         elif op == "rewritten":
             view = tuple(reversed(items))
         elif op == "flags":
@@ -181,6 +199,7 @@ def test_the_spliced_body_is_the_whole_body_encoded(
 
 def test_anthropic_tool_results_and_text_after_them_join_the_last_message() -> None:
     adapter = AnthropicAdapter(URL, api_key="k")
+    views = Views()
     calls = (ToolCall("c1", "t", freeze({})), ToolCall("c2", "t", freeze({})))
     items = [Message("user", "q"), Message("assistant", "", tool_calls=calls)]
     for more in (
@@ -190,8 +209,8 @@ def test_anthropic_tool_results_and_text_after_them_join_the_last_message() -> N
         Message("assistant", "done"),
     ):
         items.append(more)
-        check(adapter, request(HistoryView(items, len(items)), None, {}, tools=False))
-    body = adapter._body(request(HistoryView(items, len(items)), None, {}, tools=False))
+        check(adapter, request(views(items), None, {}, tools=False))
+    body = adapter._body(request(views(items), None, {}, tools=False))
     assert [m["role"] for m in body["messages"]] == ["user", "assistant", "user", "assistant"]
 
 
@@ -203,31 +222,65 @@ def test_only_the_new_messages_are_encoded() -> None:
         return [{"content": message.content}]
 
     encoder = MessageEncoder(wire)
+    views = Views()
     items = [Message("user", "a"), Message("assistant", "b")]
-    assert encoder.fragments(HistoryView(items, 2)) == [b'{"content":"a"}', b'{"content":"b"}']
+    assert encoder.fragments(views(items, 2)) == [b'{"content":"a"}', b'{"content":"b"}']
     items.append(Message("user", "c"))
     wired.clear()
-    assert len(encoder.fragments(HistoryView(items, 3))) == 3
+    assert len(encoder.fragments(views(items, 3))) == 3
     assert wired == [items[2]]
     wired.clear()
-    assert encoder.fragments(HistoryView(items, 1)) == [b'{"content":"a"}']
+    assert encoder.fragments(views(items, 1)) == [b'{"content":"a"}']
     assert wired == []
     # A plain sequence has no source to keep: encoded whole, every time.
     encoder.fragments(tuple(items))
     assert wired == items
 
 
-def test_at_most_the_most_recent_histories_are_kept() -> None:
-    encoder = MessageEncoder(lambda m: [{"content": m.content}])
-    histories = [[Message("user", str(i))] for i in range(ENCODED_HISTORIES + 5)]
-    for items in histories:
-        encoder.fragments(HistoryView(items, 1))
-    kept = encoder._histories
-    assert kept.sources() == histories[5:]
-    # Sending an old one again makes it the most recent, encoded afresh and correct.
-    assert encoder.fragments(HistoryView(histories[0], 1)) == [b'{"content":"0"}']
-    assert kept.sources()[-1] is histories[0]
-    assert len(kept.sources()) == ENCODED_HISTORIES
+def test_the_encoded_messages_live_with_the_session_history() -> None:
+    wired: list[str] = []
+    encoder = MessageEncoder(lambda m: wired.append(m.text) or [{"content": m.content}])
+    session = Session("s", agentloop.FrozenDict(), EventBus())
+    session.append("user/message", freeze({"message_id": "m1", "content": "a"}), 1)
+    encoder.fragments(session.messages())
+    session.append("user/message", freeze({"message_id": "m2", "content": "b"}), 1)
+    assert encoder.fragments(session.messages()) == [b'{"content":"a"}', b'{"content":"b"}']
+    assert wired == ["a", "b"]  # each once, across snapshots of the same history
+    # A replacement starts a new history, and with it new memos.
+    session.replace_history(1, 2, [Message("user", "c")], reason="test")
+    assert encoder.fragments(session.messages()) == [b'{"content":"c"}']
+    assert wired == ["a", "b", "c"]
+    # A snapshot that keeps nothing (no memos) is encoded whole every time.
+    encoder.fragments(HistoryView([Message("user", "d")], 1))
+    encoder.fragments(HistoryView([Message("user", "d")], 1))
+    assert wired[-2:] == ["d", "d"]
+
+
+def test_an_anthropic_message_that_cannot_be_converted_is_refused_at_every_call() -> None:
+    adapter = AnthropicAdapter(URL, api_key="k")
+    views = Views()
+    bad = Message("assistant", "x", reasoning_blocks=(_frozen({"format": "anthropic",
+                                                                "text": "t", "fields": "oops"}),))
+    items = [Message("user", "q"), bad, Message("user", "again")]
+    for _ in range(2):
+        with pytest.raises(AttributeError):
+            adapter._body(request(views(items), None, {}, tools=False))
+        with pytest.raises(AttributeError):
+            adapter._content(request(views(items), None, {}, tools=False))
+    items[1] = Message("assistant", "fine")  # (a test may edit its own list; a session never)
+    fresh = Views()
+    check(adapter, request(fresh(items), None, {}, tools=False))
+
+
+def test_a_subclass_that_changes_its_items_alone_is_encoded_whole() -> None:
+    class Briefed(OpenAIChatAdapter):
+        def _items(self, request: LLMRequest) -> list[Any]:
+            return [{"role": "developer", "content": "be brief"}, *super()._items(request)]
+
+    adapter = Briefed(URL, api_key="k")
+    req = request(Views()([Message("user", "hi")]), None, {}, tools=False)
+    check(adapter, req)
+    assert b'"developer"' in adapter._content(req)
 
 
 def test_a_message_sent_as_no_item_or_as_several() -> None:

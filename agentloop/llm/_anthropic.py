@@ -27,7 +27,6 @@ from ._base import AdapterDefaults
 from ._efforts import ANTHROPIC_EFFORT
 from ._retry import RetryPolicy
 from ._wire import (
-    HistoryCache,
     HTTPStreamAdapter,
     SSEEvent,
     dumps,
@@ -128,7 +127,6 @@ class AnthropicAdapter(HTTPStreamAdapter):
         # The SDK's convention: the root without the version; a root that has it is kept.
         version = "" if urlsplit(self.base_url).path.endswith("/v1") else "/v1"
         self._endpoint = f"{self.base_url}{version}{self._path}"
-        self._histories: HistoryCache[_Converted] = HistoryCache(_Converted)
 
     def _url(self) -> str:
         return self._endpoint
@@ -161,7 +159,7 @@ class AnthropicAdapter(HTTPStreamAdapter):
         history = request.messages
         if not isinstance(history, HistorySnapshot):
             return None  # rewritten
-        converted = self._histories.get(history.source)
+        converted = history.memo(self, _Converted)
         if len(history) < converted.count:
             return None  # an older snapshot: rare
         converted.add(history[i] for i in range(converted.count, len(history)))
@@ -224,39 +222,53 @@ class _Converted:
         self.encoded: list[bytes] = []  # out[i], encoded, for every final i
 
     def add(self, messages: Iterable[Message]) -> None:
-        out, results = self.out, self.results
+        out = self.out
         for message in messages:
+            results, kept, growing = self.results, len(out), len(self.results or ())
+            try:
+                self._add(message)
+            except BaseException:
+                # As it was before this message, so that a message that cannot be sent is
+                # refused at every call, not skipped at the next.
+                del out[kept:]
+                if results is not None:
+                    del results[growing:]
+                self.results = results
+                raise
             self.count += 1
-            if message.role == "tool":
-                if results is None:
-                    results = []
-                    out.append({"role": "user", "content": results})
+
+    def _add(self, message: Message) -> None:
+        out, results = self.out, self.results
+        if message.role == "tool":
+            if results is None:
+                results = []
+                out.append({"role": "user", "content": results})
+            content = message.content
+            results.append(
+                {
+                    "type": "tool_result",
+                    "tool_use_id": message.tool_call_id,
+                    "content": content if isinstance(content, str) else list(content),
+                    "is_error": message.is_error,
+                }
+            )
+        elif message.role == "user":
+            if results is not None:
+                results.extend(_blocks(message.content))
+                results = None
+            else:
                 content = message.content
-                results.append(
+                out.append(
                     {
-                        "type": "tool_result",
-                        "tool_use_id": message.tool_call_id,
+                        "role": "user",
                         "content": content if isinstance(content, str) else list(content),
-                        "is_error": message.is_error,
                     }
                 )
-            elif message.role == "user":
-                if results is not None:
-                    results.extend(_blocks(message.content))
-                    results = None
-                else:
-                    content = message.content
-                    out.append(
-                        {
-                            "role": "user",
-                            "content": content if isinstance(content, str) else list(content),
-                        }
-                    )
-            else:
-                results = None
-                blocks = _assistant_blocks(message)
-                if blocks:
-                    out.append({"role": "assistant", "content": blocks})
+        else:
+            results = None
+            blocks = _assistant_blocks(message)
+            if blocks:
+                out.append({"role": "assistant", "content": blocks})
         self.results = results
 
     def fragments(self, marker: FrozenDict | None) -> list[bytes]:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import codecs
 import contextlib
 import email.utils
+import functools
 import json
 import math
 import re
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
-from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar, cast
+from typing import Any, ClassVar, Final, Protocol, cast
 
 import attrs
 import httpx
@@ -71,54 +72,20 @@ def encode_text(text: str) -> bytes:
         return repair_surrogates(text).encode()
 
 
-# How many histories an adapter keeps encoded messages of (the most recently sent).
-ENCODED_HISTORIES: Final = 128
-
-Entry = TypeVar("Entry")
-
-
-class HistoryCache(Generic[Entry]):
-    """Per history source (``HistorySnapshot.source``), what an adapter worked out from its
-    messages: at most ``ENCODED_HISTORIES`` entries, the most recently used kept."""
-
-    __slots__ = ("_entries", "_new")
-
-    def __init__(self, new: Callable[[], Entry]) -> None:
-        self._new = new
-        # id(source) -> (source, entry); the source is held, so that its id is not reused
-        # while its entry lives. Insertion order is recency: the most recently used last.
-        self._entries: dict[int, tuple[object, Entry]] = {}
-
-    def get(self, source: object) -> Entry:
-        entries = self._entries
-        found = entries.pop(id(source), None)
-        if found is None:
-            found = (source, self._new())
-        entries[id(source)] = found
-        if len(entries) > ENCODED_HISTORIES:
-            del entries[next(iter(entries))]
-        return found[1]
-
-    def sources(self) -> list[object]:
-        """The sources kept, the least recently used first."""
-        return [source for source, _ in self._entries.values()]
-
-
 class MessageEncoder:
     """Each history message's wire JSON, encoded once per history rather than once per call.
 
     A request's body holds the whole conversation, so encoding it afresh would cost every
     step in proportion to the history. Messages of a :class:`HistorySnapshot` are encoded
-    as the history grows and kept per source (see :class:`HistoryCache`); other sequences
-    are encoded whole. ``wire`` gives the JSON items a message is sent as (none, one or
-    more) from the message alone, never from its place in the list or its neighbours.
+    as the history grows and kept in its memo (with the session's history, and gone with
+    it); other sequences are encoded whole. ``wire`` gives the JSON items a message is sent
+    as (none, one or more) from the message alone, never from its place or its neighbours.
     """
 
-    __slots__ = ("_histories", "_wire")
+    __slots__ = ("_wire",)
 
     def __init__(self, wire: Callable[[Message], list[Any]]) -> None:
         self._wire = wire
-        self._histories: HistoryCache[list[bytes]] = HistoryCache(list)
 
     def _encoded(self, message: Message) -> bytes:
         return b",".join([encode_text(dumps(item)) for item in self._wire(message)])
@@ -129,10 +96,21 @@ class MessageEncoder:
         if not isinstance(messages, HistorySnapshot):
             return [self._encoded(m) for m in messages]
         n = len(messages)
-        done = self._histories.get(messages.source)
-        for i in range(len(done), n):
-            done.append(self._encoded(messages[i]))
+        done: list[bytes] = messages.memo(self, list)
+        done.extend(self._encoded(messages[i]) for i in range(len(done), n))
         return done if n == len(done) else done[:n]
+
+
+@functools.cache
+def _splices(cls: type[HTTPStreamAdapter]) -> bool:
+    """Whether ``cls`` builds its body as the base does, from ``_fragments`` at least as
+    derived as its ``_items`` (a subclass that changes its items alone is encoded whole)."""
+    mro = cls.__mro__
+
+    def owner(name: str) -> int:
+        return next(i for i, c in enumerate(mro) if name in c.__dict__)
+
+    return mro[owner("_body")] is HTTPStreamAdapter and owner("_fragments") <= owner("_items")
 
 
 # Stands for the spliced list while the rest of a body is encoded; random, so that no value
@@ -441,8 +419,8 @@ class HTTPStreamAdapter(ModelAdapter):
         conversation's items spliced in as ``_fragments`` has them encoded, so that a step
         does not encode the whole history again."""
         key = self._history_key
-        if not key or type(self)._body is not HTTPStreamAdapter._body:
-            return encode_body(self._body(request))  # a subclass's own body
+        if not key or not _splices(type(self)):
+            return encode_body(self._body(request))  # a subclass's own body or items
         placeholder: list[Any] = []
         body = self._envelope(request, placeholder)
         if body.get(key) is not placeholder:
