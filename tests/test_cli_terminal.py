@@ -1,50 +1,34 @@
 """``agentloop chat`` in a real terminal: a pseudo-terminal, keys typed as a person types them.
 
-The chat runs as a child process on the slave side of a pty (Python's ``pty`` module, always
-there), so readline, Ctrl-C (the terminal's interrupt character, turned into SIGINT by the line
-discipline) and Ctrl-D (end of input) behave as at a keyboard. The model is the fake
-OpenAI-compatible server of ``test_cli``, on a loopback thread.
+The chat runs as a child process on a pty (``pty_child``), so readline, Ctrl-C and Ctrl-D
+behave as at a keyboard. The model is the fake OpenAI-compatible server of ``test_cli``, on
+a loopback thread.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import pty
-import select
 import sys
 import threading
 import time
 from pathlib import Path
 
+import pty_child
 import pytest
 from fake_openai import FakeOpenAI, Reply
+from pty_child import CTRL_C, CTRL_D, PtyChild
 
 pytestmark = pytest.mark.slow
 
 UP, LEFT = "\x1b[A", "\x1b[D"
-CTRL_C, CTRL_D = "\x03", "\x04"
 
 
-class Terminal:
-    """A child process on a pty: type into it, wait for what it shows."""
+class Terminal(PtyChild):
+    """The chat on a pty, read as text: type into it, wait for what it shows."""
 
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
-        pid, fd = pty.fork()
-        if pid == 0:  # the child: the pty is its controlling terminal
-            try:
-                os.execve(argv[0], argv, env)
-            finally:
-                os._exit(127)
-        self.pid = pid
-        self.fd = fd
+        super().__init__(argv, env)
         self.screen = ""
         self.mark = 0
-        self.status: int | None = None
-
-    def type(self, keys: str) -> float:
-        os.write(self.fd, keys.encode())
-        return time.monotonic()
 
     def expect(self, needle: str, timeout: float = 30.0) -> str:
         """Wait until ``needle`` shows after the last match; the text up to it."""
@@ -53,14 +37,8 @@ class Terminal:
             left = deadline - time.monotonic()
             rest = self.screen[self.mark:]
             assert left > 0, f"{needle!r} never showed; after the last match: {rest!r}"
-            ready, _, _ = select.select([self.fd], [], [], left)
-            if ready:
-                try:
-                    chunk = os.read(self.fd, 4096)
-                except OSError:  # EIO: the child has gone
-                    chunk = b""
-                assert chunk, f"the chat exited before {needle!r}: {self.screen[self.mark:]!r}"
-                self.screen += chunk.decode("utf-8", "replace")
+            self.screen += self.read(left).decode("utf-8", "replace")
+            assert not self.closed, f"the chat exited before {needle!r}: {rest!r}"
         end = self.screen.index(needle, self.mark) + len(needle)
         seen, self.mark = self.screen[self.mark:end], end
         return seen
@@ -68,36 +46,19 @@ class Terminal:
     def wait(self, timeout: float = 30.0) -> int:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([self.fd], [], [], 0.05)
-            if ready:
-                with contextlib.suppress(OSError):  # EIO: the child has gone
-                    self.screen += os.read(self.fd, 4096).decode("utf-8", "replace")
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.status = os.waitstatus_to_exitcode(status)
-                return self.status
+            if not self.closed:
+                self.screen += self.read(0.05).decode("utf-8", "replace")
+            status = self.reaped()
+            if status is not None:
+                return status
+            if self.closed:
+                time.sleep(0.05)  # the child closed the pty and is exiting: poll its status
         raise AssertionError(f"the chat did not exit: {self.screen[self.mark:]!r}")
-
-    def close(self) -> None:
-        if self.status is None:
-            with_kill = True
-            try:
-                os.kill(self.pid, 9)
-            except ProcessLookupError:
-                with_kill = False
-            if with_kill:
-                os.waitpid(self.pid, 0)
-        os.close(self.fd)
 
 
 @pytest.fixture
 def terminal_env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OPENAI_API_KEY", "DEEPSEEK_API_KEY", "ANTHROPIC_API_KEY",
-                        "OPENAI_BASE_URL", "NO_COLOR")}
-    env.update(XDG_DATA_HOME=str(tmp_path / "data"), XDG_CACHE_HOME=str(tmp_path / "cache"),
-               TERM="xterm", PYTHONUNBUFFERED="1")
-    return env
+    return pty_child.terminal_env(tmp_path, "xterm")
 
 
 def _chat(tmp_path: Path, fake: FakeOpenAI, env: dict[str, str], *extra: str) -> Terminal:

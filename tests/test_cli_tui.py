@@ -1,6 +1,6 @@
 """``agentloop chat`` with the ``tui`` extra, in a real terminal, read back as a person sees it.
 
-The chat runs on the slave side of a pty (as in ``test_cli_terminal``); what it writes is fed
+The chat runs on a pty (``pty_child``, as in ``test_cli_terminal``); what it writes is fed
 to ``pyte``, a VT100 emulator, which keeps the screen (and the lines scrolled off it) the way a
 terminal does and answers prompt_toolkit's cursor-position requests, so the tests read the
 screen itself rather than the escape sequences that drew it. The model is the fake
@@ -15,8 +15,6 @@ import contextlib
 import fcntl
 import json
 import os
-import pty
-import select
 import struct
 import sys
 import termios
@@ -26,10 +24,11 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import pty_child
 import pytest
 from fake_openai import FakeOpenAI, Reply
+from pty_child import CTRL_C, CTRL_D, PtyChild
 from test_cli import ASK_PLUGIN
-from test_cli_terminal import CTRL_C, CTRL_D
 
 from agentloop._cli_render import tui_available
 
@@ -44,22 +43,12 @@ COLUMNS, ROWS = 100, 30
 ALT_ENTER = "\x1b\r"
 
 
-class Screen:
-    """A child process on a pty whose output is drawn on an emulated terminal."""
+class Screen(PtyChild):
+    """The chat on a pty whose output is drawn on an emulated terminal."""
 
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
-        pid, fd = pty.fork()
-        if pid == 0:  # the child: the pty is its controlling terminal, sized before exec
-            try:
-                size = struct.pack("HHHH", ROWS, COLUMNS, 0, 0)
-                fcntl.ioctl(0, termios.TIOCSWINSZ, size)
-                os.execve(argv[0], argv, env)
-            finally:
-                os._exit(127)
-        self.pid, self.fd = pid, fd
+        super().__init__(argv, env, size=(ROWS, COLUMNS))
         self.raw = b""
-        self.status: int | None = None
-        self.closed = False
         term = self
 
         class Emulator(pyte.HistoryScreen):  # type: ignore[misc]
@@ -71,21 +60,8 @@ class Screen:
         self.vt = Emulator(COLUMNS, ROWS, history=2000)
         self.stream = pyte.ByteStream(self.vt)
 
-    def type(self, keys: str) -> float:
-        os.write(self.fd, keys.encode())
-        return time.monotonic()
-
     def _pump(self, timeout: float) -> None:
-        ready, _, _ = select.select([self.fd], [], [], timeout)
-        if not ready:
-            return
-        try:
-            chunk = os.read(self.fd, 65536)
-        except OSError:  # EIO: the child has gone
-            chunk = b""
-        if not chunk:
-            self.closed = True
-            return
+        chunk = self.read(timeout)
         self.raw += chunk
         self.stream.feed(chunk)
 
@@ -134,30 +110,17 @@ class Screen:
         while time.monotonic() < deadline:
             if not self.closed:
                 self._pump(0.05)
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.status = os.waitstatus_to_exitcode(status)
-                return self.status
+            status = self.reaped()
+            if status is not None:
+                return status
             if self.closed:
                 time.sleep(0.05)  # the child closed the pty and is exiting: poll its status
         raise AssertionError(f"the chat did not exit; the screen:\n{self.text()}")
 
-    def close(self) -> None:
-        if self.status is None:
-            with contextlib.suppress(ProcessLookupError, ChildProcessError):
-                os.kill(self.pid, 9)
-                os.waitpid(self.pid, 0)
-        os.close(self.fd)
-
 
 @pytest.fixture
 def terminal_env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OPENAI_API_KEY", "DEEPSEEK_API_KEY", "ANTHROPIC_API_KEY",
-                        "OPENAI_BASE_URL", "NO_COLOR", "COLUMNS", "LINES")}
-    env.update(XDG_DATA_HOME=str(tmp_path / "data"), XDG_CACHE_HOME=str(tmp_path / "cache"),
-               TERM="xterm-256color", PYTHONUNBUFFERED="1")
-    return env
+    return pty_child.terminal_env(tmp_path, "xterm-256color", drop=("COLUMNS", "LINES"))
 
 
 @pytest.fixture
