@@ -12,6 +12,7 @@ settings.register_profile(
 )
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
+import contextlib
 import shutil
 import signal
 import subprocess
@@ -111,12 +112,12 @@ def _no_invariant_violations() -> Iterator[None]:
     assert not found, f"the invariant companion found mismatches: {found}"
 
 
-async def kill_when_ready(argv: Sequence[str], log: Path, *, ready_within: float = 20) -> int:
-    """Run ``argv`` until it prints ``READY``, SIGKILL it and reap it; return its pid.
-
-    A kill-and-resume test kills a real process at a known point: the child prints READY
-    once the state to recover is durable. Its stderr goes to ``log``, shown if it dies first.
-    """
+@contextlib.asynccontextmanager
+async def ready_child(
+    argv: Sequence[str], log: Path, *, ready: bytes = b"READY\n", within: float = 20
+) -> AsyncIterator[trio.Process]:
+    """Run ``argv`` until it prints ``ready``; the running process, killed and reaped when
+    the block ends if it still runs. Its stderr goes to ``log``, shown if it dies first."""
     with log.open("wb") as stderr:
         proc = await trio.lowlevel.open_process(
             list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr,
@@ -124,21 +125,17 @@ async def kill_when_ready(argv: Sequence[str], log: Path, *, ready_within: float
     try:
         assert proc.stdout is not None
         output = b""
-        with trio.fail_after(ready_within):
-            while b"READY\n" not in output:
+        with trio.fail_after(within):
+            while ready not in output:
                 chunk = await proc.stdout.receive_some()
                 if not chunk:
                     await proc.wait()
                     pytest.fail(
-                        f"the child exited with {proc.returncode} before READY:\n"
+                        f"the child exited with {proc.returncode} before {ready!r}:\n"
                         + await trio.Path(log).read_text(errors="replace")
                     )
                 output += chunk
-        proc.send_signal(signal.SIGKILL)
-        with trio.fail_after(5):
-            await proc.wait()
-        assert proc.returncode == -signal.SIGKILL
-        return proc.pid
+        yield proc
     finally:
         if proc.returncode is None:
             proc.kill()
@@ -146,3 +143,17 @@ async def kill_when_ready(argv: Sequence[str], log: Path, *, ready_within: float
                 await proc.wait()
         if proc.stdout is not None:
             await proc.stdout.aclose()
+
+
+async def kill_when_ready(argv: Sequence[str], log: Path, *, ready_within: float = 20) -> int:
+    """Run ``argv`` until it prints ``READY``, SIGKILL it and reap it; return its pid.
+
+    A kill-and-resume test kills a real process at a known point: the child prints READY
+    once the state to recover is durable.
+    """
+    async with ready_child(argv, log, within=ready_within) as proc:
+        proc.send_signal(signal.SIGKILL)
+        with trio.fail_after(5):
+            await proc.wait()
+        assert proc.returncode == -signal.SIGKILL
+        return proc.pid

@@ -30,7 +30,7 @@ import trio.testing
 psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg) is not installed")
 
 from agentloop_postgres import SCHEMA_VERSION, PostgresSessionStore, delivered_ids, postgres
-from conftest import OPTIONS, check_history_valid, check_log_invariants
+from conftest import OPTIONS, check_history_valid, check_log_invariants, ready_child
 
 import agentloop
 from agentloop import (
@@ -650,32 +650,19 @@ trio.run(main)
 """
 
 
-async def test_the_lease_of_a_killed_process_on_this_host_is_free(dsn: str) -> None:
+async def test_the_lease_of_a_killed_process_on_this_host_is_free(
+    dsn: str, tmp_path: Path
+) -> None:
     with trio.fail_after(30):
-        proc = await trio.lowlevel.open_process(
-            [sys.executable, "-c", _CHILD, dsn], stdout=subprocess.PIPE
-        )
-        try:
-            assert proc.stdout is not None
-            output = b""
-            while b"ready" not in output:
-                chunk = await proc.stdout.receive_some()
-                assert chunk, f"child exited early with {proc.returncode}"
-                output += chunk
-            async with PostgresSessionStore(dsn) as store:
-                with pytest.raises(PersistenceError, match=f"'child' \\(pid {proc.pid} "):
-                    await store.acquire("s1", "parent")
-                proc.kill()
-                await proc.wait()
+        child = ready_child([sys.executable, "-c", _CHILD, dsn], tmp_path / "child.log",
+                            ready=b"ready")
+        async with child as proc, PostgresSessionStore(dsn) as store:
+            with pytest.raises(PersistenceError, match=f"'child' \\(pid {proc.pid} "):
                 await store.acquire("s1", "parent")
-                assert store.epoch("s1") == 2
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                with trio.CancelScope(shield=True):
-                    await proc.wait()
-            if proc.stdout is not None:
-                await proc.stdout.aclose()
+            proc.kill()
+            await proc.wait()
+            await store.acquire("s1", "parent")
+            assert store.epoch("s1") == 2
 
 
 async def test_two_stores_append_concurrently(dsn: str) -> None:

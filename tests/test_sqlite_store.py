@@ -5,7 +5,6 @@ import os
 import shutil
 import socket
 import sqlite3
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 import trio
 from agentloop_sqlite import SqliteSessionStore, validate_session_id
 from agentloop_sqlite._store import _DECODER, _ENCODER, SCHEMA_VERSION
-from conftest import read_only_prefix
+from conftest import read_only_prefix, ready_child
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -408,30 +407,17 @@ trio.run(main)
 
 
 @pytest.mark.slow
-async def test_lease_of_a_killed_process_is_released(store: SqliteSessionStore, db: Path) -> None:
+async def test_lease_of_a_killed_process_is_released(
+    store: SqliteSessionStore, db: Path, tmp_path: Path
+) -> None:
     with trio.fail_after(10):
-        proc = await trio.lowlevel.open_process(
-            [sys.executable, "-c", _CHILD, str(db)], stdout=subprocess.PIPE
-        )
-        try:
-            assert proc.stdout is not None
-            output = b""
-            while b"ready" not in output:
-                chunk = await proc.stdout.receive_some()
-                assert chunk, f"child exited early with {proc.returncode}"
-                output += chunk
+        async with ready_child([sys.executable, "-c", _CHILD, str(db)],
+                               tmp_path / "child.log", ready=b"ready") as proc:
             with pytest.raises(PersistenceError, match=f"'child' \\(pid {proc.pid} "):
                 await store.acquire("s1", "parent")
             proc.kill()
             await proc.wait()
             await store.acquire("s1", "parent")
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                with trio.CancelScope(shield=True):
-                    await proc.wait()
-            if proc.stdout is not None:
-                await proc.stdout.aclose()
 
 
 async def test_two_stores_on_one_file_append_concurrently(db: Path) -> None:
