@@ -64,9 +64,31 @@ class PtyChild:
             chunk = os.read(self.fd, size)
         except OSError:  # EIO: the child has gone
             chunk = b""
-        if not chunk:
+        if chunk:
+            self.received(chunk)
+        else:
             self.closed = True
         return chunk
+
+    def received(self, chunk: bytes) -> None:
+        """What a subclass does with what the child writes (as it is read)."""
+
+    def shown(self) -> str:
+        """What the child has shown, for a failure's message."""
+        return ""
+
+    def wait(self, timeout: float = 60.0) -> int:
+        """The child's exit status, reading what it writes until it exits."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.closed:
+                self.read(0.05)
+            status = self.reaped()
+            if status is not None:
+                return status
+            if self.closed:
+                time.sleep(0.05)  # the child closed the pty and is exiting: poll its status
+        raise AssertionError(f"the chat did not exit; it shows:\n{self.shown()}")
 
     def reaped(self) -> int | None:
         """The child's exit status once it has exited (reaping it), else None."""

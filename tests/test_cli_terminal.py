@@ -37,23 +37,17 @@ class Terminal(PtyChild):
             left = deadline - time.monotonic()
             rest = self.screen[self.mark:]
             assert left > 0, f"{needle!r} never showed; after the last match: {rest!r}"
-            self.screen += self.read(left).decode("utf-8", "replace")
+            self.read(left)
             assert not self.closed, f"the chat exited before {needle!r}: {rest!r}"
         end = self.screen.index(needle, self.mark) + len(needle)
         seen, self.mark = self.screen[self.mark:end], end
         return seen
 
-    def wait(self, timeout: float = 30.0) -> int:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.closed:
-                self.screen += self.read(0.05).decode("utf-8", "replace")
-            status = self.reaped()
-            if status is not None:
-                return status
-            if self.closed:
-                time.sleep(0.05)  # the child closed the pty and is exiting: poll its status
-        raise AssertionError(f"the chat did not exit: {self.screen[self.mark:]!r}")
+    def received(self, chunk: bytes) -> None:
+        self.screen += chunk.decode("utf-8", "replace")
+
+    def shown(self) -> str:
+        return self.screen[self.mark:]
 
 
 @pytest.fixture

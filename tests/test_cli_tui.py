@@ -60,10 +60,12 @@ class Screen(PtyChild):
         self.vt = Emulator(COLUMNS, ROWS, history=2000)
         self.stream = pyte.ByteStream(self.vt)
 
-    def _pump(self, timeout: float) -> None:
-        chunk = self.read(timeout)
+    def received(self, chunk: bytes) -> None:
         self.raw += chunk
         self.stream.feed(chunk)
+
+    def shown(self) -> str:
+        return self.text()
 
     def lines(self) -> list[str]:
         """Every line: those scrolled off the top, then the screen's."""
@@ -80,7 +82,7 @@ class Screen(PtyChild):
             left = deadline - time.monotonic()
             assert left > 0, f"{what} never showed; the screen:\n{self.text()}"
             assert not self.closed, f"the chat exited before {what}; the screen:\n{self.text()}"
-            self._pump(min(left, 0.2))
+            self.read(min(left, 0.2))
 
     def expect(self, needle: str, timeout: float = 60.0) -> None:
         self.until(lambda: needle in self.text(), repr(needle), timeout)
@@ -104,18 +106,6 @@ class Screen(PtyChild):
             if x >= 0:
                 return [self.vt.buffer[y][x + i] for i in range(len(word))]
         raise AssertionError(f"{word!r} is not on the screen:\n{self.text()}")
-
-    def wait(self, timeout: float = 60.0) -> int:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.closed:
-                self._pump(0.05)
-            status = self.reaped()
-            if status is not None:
-                return status
-            if self.closed:
-                time.sleep(0.05)  # the child closed the pty and is exiting: poll its status
-        raise AssertionError(f"the chat did not exit; the screen:\n{self.text()}")
 
 
 @pytest.fixture
