@@ -50,6 +50,9 @@ from ._errors import RuntimeClosed as RuntimeClosed
 from ._errors import SessionIdInUse as SessionIdInUse
 from ._errors import SessionNotFound as SessionNotFound
 from ._errors import SettingsError as SettingsError
+from ._errors import InvalidOptions as InvalidOptions
+from ._errors import ScopeClosed as ScopeClosed
+from ._errors import SessionLeased as SessionLeased
 from ._errors import ToolDefinitionError as ToolDefinitionError
 from ._errors import TurnFailed as TurnFailed
 from ._events import Allow as Allow
@@ -138,6 +141,9 @@ __all__ = [
     "InvalidContent",
     "ProviderError",
     "SessionIdInUse",
+    "SessionLeased",
+    "ScopeClosed",
+    "InvalidOptions",
     "SessionNotFound",
     "PersistenceUnavailable",
     "PersistenceError",

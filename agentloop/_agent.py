@@ -304,6 +304,9 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
 
     def _answer(self, call_id: str, answer: Answer) -> bool:
         self._check_open()
+        if self._status == "running" and self._turn_scope is not None \
+                and self._turn_scope.cancel_called:
+            return False  # the cancelled turn answers its parked calls ABORTED_BEFORE_DISPATCH
         if call_id in self._answers or all(
             p.call_id != call_id for p in self.session.awaiting_approval
         ):
@@ -454,7 +457,8 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         effective = not self._turn_scope.cancel_called
         if not keep_inbox and self._inbox.discard_all("canceled"):
             effective = True
-        self._wake_flag = False
+        # A kept waking steer still needs a turn: it is the wake this cancel must not lose.
+        self._wake_flag = keep_inbox and bool(self._inbox.waking)
         if not self._turn_scope.cancel_called:
             self._cancel_cause = cause
             self._turn_scope.cancel()
@@ -634,6 +638,13 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         except Exception as exc:  # noqa: BLE001 - a failing hook ends the turn, not the loop
             turn.reason, turn.error = "error", exc
             log.warning("agent %s: turn %d failed: %r", self.id, turn.number, exc)
+        except BaseException:
+            # The agent's own scope ran out of disposal grace (work ignored the cancel): the
+            # turn still ends, durably, before the actor unwinds.
+            turn.reason = "suspended" if self.session.awaiting_approval else "disposed"
+            with trio.CancelScope(shield=True):
+                await self._close_turn(turn)
+            raise
         if _cancel_called(scope) and turn.reason != "error":
             # Cancellation takes precedence even when the work finished before noticing it.
             turn.reason = "disposed" if self._disposing else "aborted"

@@ -23,6 +23,7 @@ from ._errors import AgentDisposed as AgentDisposedError
 from ._errors import (
     AgentLoopError,
     InvalidContent,
+    InvalidOptions,
     PersistenceUnavailable,
     RuntimeClosed,
     SessionIdInUse,
@@ -458,7 +459,7 @@ async def _transaction(
     rt = owner._runtime
     rt.check_open()
     if options is not None and not isinstance(options, AgentOptions):
-        raise TypeError(f"agent_options must be an AgentOptions, got {options!r}")
+        raise InvalidOptions(f"agent_options must be an AgentOptions, got {options!r}")
     with rt.inflight():
         backend = rt.persistence
         token = LeaseClaim()
@@ -604,7 +605,7 @@ class AgentLoopService:
         rt.check_open()
         _check_id(id, "id")
         if options is not None and not isinstance(options, AgentOptions):
-            raise TypeError(f"options must be an AgentOptions, got {options!r}")
+            raise InvalidOptions(f"options must be an AgentOptions, got {options!r}")
         frozen_meta = _freeze_meta(meta)
         session = Session(id, frozen_meta, rt.bus)
         cwd = frozen_meta.get("cwd") if isinstance(frozen_meta.get("cwd"), str) else None

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 import trio
 
 from ._bus import E1, E2, E3, Classes, Disposer, Lagged, Subscribe
+from ._errors import InvalidOptions, ScopeClosed
 from ._events import Event, SessionEventAppended
 from ._tools import ToolsFacade
 
@@ -205,7 +206,9 @@ class PromptFacade:
     def set(self, text: str) -> Disposer:
         """Use ``text`` as the system prompt; ``{provider}``, ``{model}``, ``{cwd}`` are filled."""
         if not isinstance(text, str):
-            raise TypeError(f"the system prompt must be a string, got {type(text).__name__}")
+            raise InvalidOptions(
+                f"the system prompt must be a string, got {type(text).__name__}"
+            )
         if self._ctx.agent_id is None:
             previous = self._prompt.persona
             self._prompt.persona = text
@@ -350,7 +353,7 @@ class Context:
         """Own ``disposer``: it runs when this scope closes, unless it ran before."""
         if self._closed:
             disposer()
-            raise RuntimeError(f"{self!r} is closed; it cannot own new registrations")
+            raise ScopeClosed(f"{self!r} is closed; it cannot own new registrations")
         key = id(disposer)
         self._disposers[key] = disposer
 
@@ -369,7 +372,7 @@ class Context:
     def child(self, name: str, *, agent_id: str | None = None) -> Context:
         """A nested scope, closed with this one (or earlier)."""
         if self._closed:
-            raise RuntimeError(f"{self!r} is closed")
+            raise ScopeClosed(f"{self!r} is closed; it cannot create agents or scopes")
         return Context(self._runtime, name=name, parent=self, agent_id=agent_id)
 
     async def aclose(self) -> None:

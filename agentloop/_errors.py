@@ -12,6 +12,9 @@ __all__ = [
     "InvalidContent",
     "ProviderError",
     "SessionIdInUse",
+    "SessionLeased",
+    "ScopeClosed",
+    "InvalidOptions",
     "SessionNotFound",
     "PersistenceUnavailable",
     "PersistenceError",
@@ -39,6 +42,9 @@ class InvalidContent(AgentLoopError, ValueError):  # noqa: N818 - the contract's
     """Message content or metadata is not JSON-representable; nothing changed."""
 
 
+_PROVIDER_FACTS = frozenset({"message", "status", "code", "retry_after"})
+
+
 class ProviderError(AgentLoopError):
     """A model provider call failed.
 
@@ -61,10 +67,22 @@ class ProviderError(AgentLoopError):
             parts = [f"HTTP {status}" if status is not None else "", code or ""]
             message = " ".join(p for p in parts if p) or "provider error"
         super().__init__(message)
-        self.message = message
-        self.status = status
-        self.code = code
-        self.retry_after = retry_after
+        # Facts about a call that happened: handlers (agent/request-error) read them, and
+        # what the log records afterwards is what the provider said, not what a handler wrote.
+        object.__setattr__(self, "message", message)
+        object.__setattr__(self, "status", status)
+        object.__setattr__(self, "code", code)
+        object.__setattr__(self, "retry_after", retry_after)
+
+    message: str
+    status: int | None
+    code: str | None
+    retry_after: float | None
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in _PROVIDER_FACTS:
+            raise AttributeError(f"ProviderError.{name} is read-only")
+        super().__setattr__(name, value)
 
     def __repr__(self) -> str:
         return (
@@ -86,16 +104,29 @@ class SessionIdInUse(AgentLoopError):  # noqa: N818 - the contract's name
     """Another live agent already holds this session id."""
 
 
+class PersistenceError(AgentLoopError):
+    """The persistence backend failed (a corrupt or newer file, an undecodable row, ...)."""
+
+
+class SessionLeased(SessionIdInUse, PersistenceError):
+    """Another runtime (another process or host) drives this session: its store's lease is
+    held. A :class:`SessionIdInUse` for callers, a :class:`PersistenceError` for stores."""
+
+
+class ScopeClosed(AgentLoopError, RuntimeError):  # noqa: N818 - reads as a state
+    """The :class:`~agentloop.Context` is closed: it can own no new agents or registrations."""
+
+
+class InvalidOptions(AgentLoopError, TypeError):  # noqa: N818 - reads as a state
+    """An argument has the wrong type (``agent_options`` that is not an ``AgentOptions``)."""
+
+
 class SessionNotFound(AgentLoopError, LookupError):  # noqa: N818 - the contract's name
     """No persisted session has this id."""
 
 
 class PersistenceUnavailable(AgentLoopError):  # noqa: N818 - the contract's name
     """The operation needs a session-persistence backend and none is loaded."""
-
-
-class PersistenceError(AgentLoopError):
-    """The persistence backend failed (a corrupt or newer file, an undecodable row, ...)."""
 
 
 class AgentDisposed(AgentLoopError):  # noqa: N818 - reads as a state

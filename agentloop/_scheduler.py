@@ -320,6 +320,14 @@ class _Run:
         assert slot.kwargs is not None
         assert slot.arguments is not None
         tool, bus = slot.tool, self.rt.bus
+        if _cancel_called():
+            # Started and cancelled in the same tick (approve() then cancel()): the body
+            # never ran, so nothing happened that the result should claim.
+            slot.result = ToolResult.error(ABORTED_BEFORE_DISPATCH, _ABORTED_TEXT)
+            slot.finished = True
+            self.in_flight -= 1
+            self.changed.set()
+            return
         try:
             result: ToolResult | None = None
             if bus.has_handlers(ToolExecute):
@@ -350,6 +358,11 @@ class _Run:
             self.changed.set()
 
     def _start(self, nursery: trio.Nursery, slot: _Slot) -> None:
+        if _cancel_called():
+            # A cancel from a synchronous handler leaves no checkpoint between it and here:
+            # no body may start once its turn's cancel has been called.
+            slot.result = ToolResult.error(ABORTED_BEFORE_DISPATCH, _ABORTED_TEXT)
+            return
         slot.started = True
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
@@ -463,6 +476,11 @@ class _Run:
             self._append_result(slot, slot.result)
         self.next_emit = len(self.slots)
         self.deferred.clear()
+
+
+def _cancel_called() -> bool:
+    """Whether the calling task's turn was cancelled (it may not have checkpointed since)."""
+    return trio.current_effective_deadline() == -math.inf
 
 
 def result_data(call: ToolCall, result: ToolResult) -> FrozenDict:

@@ -41,7 +41,7 @@ from ._agents import (
     subagent_limit,
 )
 from ._bus import Disposer
-from ._errors import AgentDisposed, AgentLoopError, PersistenceError, TurnFailed
+from ._errors import AgentDisposed, AgentLoopError, PersistenceError, ScopeClosed, TurnFailed
 from ._events import SessionCreated, SessionDisposed, SessionEventAppended
 from ._json import FrozenDict
 from ._model import AgentOptions, Content, SessionEvent
@@ -491,7 +491,7 @@ class JobsService:
         rt.supervisor.jobs[job.id] = job
         try:
             owner.track(Disposer(job._abandon))
-        except RuntimeError:
+        except ScopeClosed:
             # The owner closed during creation: the child is already being disposed with it.
             job._abandon()
         nursery = parent._nursery if parent is not None and parent._nursery is not None \

@@ -548,8 +548,9 @@ class HTTPStreamAdapter(ModelAdapter):
             if len(shown) > _SNIPPET:
                 shown = shown[:_SNIPPET] + "\N{HORIZONTAL ELLIPSIS}"
             error = ProviderError(f"{error.message}: {shown!r}", code=error.code)
-        error.message = self._clean(error.message)
-        error.code = self._clean(error.code) if error.code else error.code
+        # Its facts are read-only for everyone who sees it; nobody has yet.
+        object.__setattr__(error, "message", self._clean(error.message))
+        object.__setattr__(error, "code", self._clean(error.code) if error.code else error.code)
         error.args = (error.message,)
         suppress = error.__suppress_context__
         for link in ("__cause__", "__context__"):

@@ -52,6 +52,7 @@ from agentloop import (
     PersistenceError,
     SessionEvent,
     SessionInfo,
+    SessionLeased,
     SessionNotFound,
     StoredSession,
     validate_session_id,
@@ -1015,7 +1016,7 @@ class PostgresSessionStore:
                     )
                     return int(epoch)
                 if holder is not None and live and self._holder_alive(pid, host, started):
-                    raise PersistenceError(
+                    raise SessionLeased(
                         f"session {session_id!r} is already driven by {holder!r}"
                         f" (pid {pid} on {host}); its lease expires in"
                         f" {max(0.0, float(left)):.1f} s unless renewed"

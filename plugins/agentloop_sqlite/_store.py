@@ -43,6 +43,7 @@ from agentloop import (
     PersistenceError,
     SessionEvent,
     SessionInfo,
+    SessionLeased,
     SessionNotFound,
     StoredSession,
     validate_session_id,
@@ -793,7 +794,7 @@ class SqliteSessionStore:
                     self._held[session_id] = owner
                     return
                 if ours or self._holder_alive(pid, host, started):
-                    raise PersistenceError(
+                    raise SessionLeased(
                         f"session {session_id!r} is already driven by {holder!r}"
                         f" (pid {pid} on {host})"
                     )
