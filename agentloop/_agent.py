@@ -11,7 +11,6 @@ a later prompt.
 from __future__ import annotations
 
 import contextvars
-import functools
 import logging
 import math
 import uuid
@@ -23,44 +22,38 @@ import trio
 
 from . import _log
 from ._errors import AgentDisposed, AgentNotPublished, InvalidContent, ProviderError
+from ._approvals import Answer, Approvals
 from ._events import (
     AgentPreStep,
-    AgentRequest,
-    AgentRequestError,
     AgentStatus,
-    AgentStepResult,
     AgentTurnContinuation,
     AgentTurnEnd,
     AgentTurnStopping,
     InboxClaimed,
     Reject,
     Replace,
-    Retry,
     SessionFlush,
     Stop,
-    _Outcome,
 )
 from ._inbox import TARGETS, Inbox, InboxState, Target
 from ._json import FrozenDict, freeze, freeze_repaired, repair_text, text_problem
+from ._lifecycle import Lifecycle
 from ._model import (
     AgentOptions,
     CallConfig,
     Content,
     InboxMessage,
-    LLMRequest,
     Message,
     MessageId,
     PendingApproval,
     ToolCall,
     ToolResult,
-    ToolSpec,
 )
 from ._output import FINAL_RESULT, OutputSpec, Verdict, correction
-from ._output import check as check_output
-from ._reply import StepOutcome, fold_stream
+from ._request import Requests
 from ._run import RunControls
 from ._scheduler import (
-    Answer,
+    ToolRunner,
     close_unanswered,
     result_data,
     run_suspended_calls,
@@ -71,10 +64,7 @@ from ._settings import APPROVAL_TIMEOUT
 from ._util import NoPublicConstructor
 
 if TYPE_CHECKING:
-    from ._agents import LeaseClaim
-    from ._context import Context
-    from ._runtime import Runtime
-    from ._scheduler import _Run
+    from ._services import Services
 
 __all__ = ["Agent", "current_agent", "Status"]
 
@@ -114,35 +104,6 @@ def _freeze_content(content: object) -> Content:
     )
 
 
-class Latch:
-    """A one-shot event that allocates a ``trio.Event`` only if someone has to wait.
-
-    Idle agents are numerous; most latches are set before anyone waits on them.
-    """
-
-    __slots__ = ("_done", "_event")
-
-    def __init__(self) -> None:
-        self._done = False
-        self._event: trio.Event | None = None
-
-    def set(self) -> None:
-        self._done = True
-        if self._event is not None:
-            self._event.set()
-
-    def is_set(self) -> bool:
-        return self._done
-
-    async def wait(self) -> None:
-        if self._done:
-            await trio.lowlevel.checkpoint()
-            return
-        if self._event is None:
-            self._event = trio.Event()
-        await self._event.wait()
-
-
 @attrs.define(slots=True, eq=False)
 class _Turn:
     number: int
@@ -166,69 +127,54 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
     """
 
     __slots__ = (
-        "_announced", "_answers", "_attached", "_blocked", "_cancel_cause", "_disposing",
-        "_idle", "_inbox", "_lease", "_needs_lease", "_nursery", "_outputs", "_parked_run",
-        "_parked_since",
-        "_proposal", "_published", "_quiescent", "_rt", "_sent", "_specs", "_specs_version",
-        "_status",
-        "_teardown_requested", "_turn_scope", "_wake_flag", "ctx", "cwd", "id", "options",
-        "resumed", "session",
+        "_cancel_cause", "_idle", "_inbox", "_life", "_outputs", "_requests", "_runner",
+        "_services", "_status", "_turn_scope", "_wake_flag", "cwd", "id", "options", "resumed",
+        "session",
     )
 
     def __init__(
         self,
-        rt: Runtime,
+        services: Services,
         session: Session,
         options: AgentOptions,
+        life: Lifecycle,
         *,
         cwd: str | None = None,
         resumed: bool = False,
         proposal: CallConfig | None = None,
     ) -> None:
-        self._rt = rt
+        # The output spec of each pending run's message (set as the run queues it), taken
+        # by the turn that claims that message: the driver learns a run's output type there.
+        self._outputs: dict[str, OutputSpec] = {}
+        RunControls.__init__(self, services.bus, self._outputs)
+        self._services = services
         self.session: Final = session
         self.id: Final = session.id
         self.options: Final = options
         self.cwd = cwd
         self.resumed = resumed
-        self.ctx: Context | None = None
+        self._life = life
+        life.bind(self._stop, self._actor)
         self._status: Status = "idle"
-        self._published = False
-        self._disposing = False
-        self._inbox = InboxState(session.id, rt.bus)
-        self._attached = False
+        self._inbox = InboxState(session.id, services.bus)
         self._wake_flag = False
         self._turn_scope: trio.CancelScope | None = None
         self._cancel_cause: str | None = None
         self._idle: trio.Event | None = None
-        self._nursery: trio.Nursery | None = None
-        self._announced = Latch()
-        self._teardown_requested = False
-        self._quiescent = Latch()
-        self._proposal = proposal or CallConfig(
-            provider=options.provider,
-            model=options.model,
-            reasoning_effort=options.reasoning_effort,
-            max_tokens=options.max_tokens,
+        self._requests = Requests(
+            services, session,
+            proposal or CallConfig(
+                provider=options.provider,
+                model=options.model,
+                reasoning_effort=options.reasoning_effort,
+                max_tokens=options.max_tokens,
+            ),
+            system_prompt=options.system_prompt, cwd=cwd,
         )
-        self._specs_version = -1
-        self._specs: tuple[ToolSpec, ...] = ()
-        # The messages of the latest request sent on each route, for request/header's
-        # cache_prefix (a snapshot: O(1) to keep and, unless replaced, to compare).
-        self._sent: dict[tuple[str | None, str | None], Sequence[Message]] = {}
-        self._needs_lease = False
-        self._lease: LeaseClaim | None = None  # its claim on the session's persistence lease
-        # Approvals: answers not yet applied by the driver, the tool run that holds parked
-        # calls (None while the agent is idle or between steps), when each parked call
-        # started waiting in this process (its approval_timeout counts from there), and
-        # whether the running turn waits for nothing but answers.
-        self._answers: dict[str, Answer] = {}
-        self._parked_run: _Run | None = None
-        self._parked_since: dict[str, float] = {}
-        self._blocked = False
-        # The output spec of each pending run's message (set as the run queues it), taken
-        # by the turn that claims that message: the driver learns a run's output type there.
-        self._outputs: dict[str, OutputSpec] = {}
+        self._runner = ToolRunner(
+            services, session, session.id, Approvals(self._wake_idle_waiters),
+            self._stopping,
+        )
 
     def __repr__(self) -> str:
         return f"<Agent {self.id!r} {self._status}>"
@@ -252,7 +198,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         if status != "running" and self._idle is not None:
             self._idle.set()
             self._idle = None
-        bus = self._rt.bus
+        bus = self._services.bus
         if previous != status and bus.has_listeners(AgentStatus):
             bus.emit_nowait(AgentStatus(self.id, status, previous))
 
@@ -260,15 +206,15 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         """Return once the agent is idle with no waking input pending (or disposed), or once
         its running turn waits for nothing but answers to approval requests
         (:attr:`pending_approvals`): it cannot go on without them."""
-        while self._status == "running" and not self._blocked:
+        while self._status == "running" and not self._runner.approvals.blocked:
             if self._idle is None:
                 self._idle = trio.Event()
             await self._idle.wait()
         await trio.lowlevel.checkpoint()
 
-    def _set_blocked(self, blocked: bool) -> None:
-        self._blocked = blocked
-        if blocked and self._idle is not None:
+    def _wake_idle_waiters(self) -> None:
+        # The running turn waits for nothing but answers: wait_idle() returns.
+        if self._idle is not None:
             self._idle.set()
             self._idle = None
 
@@ -279,9 +225,10 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         """Tool calls parked by ``Ask(prompt)`` and not answered yet, in the order they were
         parked. Rebuilt from the log, so a resumed session lists what was pending before."""
         awaiting = self.session.awaiting_approval
-        if not self._answers:
+        approvals = self._runner.approvals
+        if not approvals.has_answers():
             return awaiting
-        return tuple(p for p in awaiting if p.call_id not in self._answers)
+        return tuple(p for p in awaiting if not approvals.answered(p.call_id))
 
     def approve(self, call_id: str) -> bool:
         """Run the parked call ``call_id``; False when it is not awaiting approval.
@@ -307,18 +254,20 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         if self._status == "running" and self._turn_scope is not None \
                 and self._turn_scope.cancel_called:
             return False  # the cancelled turn answers its parked calls ABORTED_BEFORE_DISPATCH
-        if call_id in self._answers or all(
+        approvals = self._runner.approvals
+        if approvals.answered(call_id) or all(
             p.call_id != call_id for p in self.session.awaiting_approval
         ):
             return False
-        self._answers[call_id] = answer
+        approvals.give(call_id, answer)
         self._answered()
         return True
 
     def _answered(self) -> None:
-        run = self._parked_run
+        approvals = self._runner.approvals
+        run = approvals.waiter
         if run is not None:
-            self._blocked = False  # the run has work again: wait_idle() waits for it
+            approvals.blocked = False  # the run has work again: wait_idle() waits for it
             run.notify()
         elif self._status == "idle":
             # A suspended turn's calls: answering opens the turn that records their results
@@ -333,36 +282,26 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
 
     def _expire_approvals(self) -> bool:
         """Deny the suspended calls whose approval_timeout ran out; True when any did."""
-        timeout = self._rt.settings.get(APPROVAL_TIMEOUT)
-        if timeout is None:
-            return False
-        now = trio.current_time()
-        expired = [
-            p.call_id for p in self.pending_approvals
-            if now >= self._parked_since.get(p.call_id, now) + timeout
-        ]
-        for call_id in expired:
-            self._answers[call_id] = Answer(
-                False, f"no answer to the approval request within {timeout} s"
-            )
-        return bool(expired)
+        timeout = self._services.settings.get(APPROVAL_TIMEOUT)
+        return self._runner.approvals.expire(
+            timeout, [p.call_id for p in self.pending_approvals]
+        )
 
     def _approval_deadline(self) -> float:
-        timeout: float | None = self._rt.settings.get(APPROVAL_TIMEOUT)
+        timeout: float | None = self._services.settings.get(APPROVAL_TIMEOUT)
         pending = self.pending_approvals
         if timeout is None or not pending:
             return math.inf
-        now = trio.current_time()
-        return min(self._parked_since.setdefault(p.call_id, now) + timeout for p in pending)
+        return self._runner.approvals.deadline(timeout, [p.call_id for p in pending])
 
     # --- input ---------------------------------------------------------------------------
 
     def _check_open(self) -> None:
-        if not self._published:
+        if not self._life.published:
             raise AgentNotPublished(
                 f"agent {self.id!r} is still being set up; it can be driven once create() returns"
             )
-        if self._disposing:
+        if self._life.stopping:
             raise AgentDisposed(f"agent {self.id!r} is disposed")
 
     def send(
@@ -437,12 +376,13 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         no-op. Waking input sent after the cancel is latched and runs once the agent has
         converged, without another send.
         """
-        if self._disposing:
+        if self._life.stopping:
             return False
+        approvals = self._runner.approvals
         if self._suspended():
             # Answer every suspended call ABORTED_BEFORE_DISPATCH, in a turn of their own.
             for p in self.pending_approvals:
-                self._answers[p.call_id] = Answer(False, abort=True)
+                approvals.give(p.call_id, Answer(False, abort=True))
             if not keep_inbox:
                 self._inbox.discard_all("canceled")
             self._answered()
@@ -453,7 +393,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             return True
         if self._status != "running" or self._turn_scope is None:
             return False
-        self._blocked = False
+        approvals.blocked = False
         effective = not self._turn_scope.cancel_called
         if not keep_inbox and self._inbox.discard_all("canceled"):
             effective = True
@@ -469,9 +409,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         # In the same synchronous step as the parent's own cancel, so a child running on its
         # own (a kept handle, a job) ends with cause ``parent`` however long the parent's turn
         # takes to unwind; each child's cancel reaches its own children the same way.
-        for child in list(self._rt.supervisor.children.get(self.id, {}).values()):
-            if child._status == "running":
-                child.cancel("parent")
+        self._life.cancel_children()
 
     def _running(self) -> bool:
         # A call, like _stopping(): the status changes across awaits.
@@ -479,7 +417,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
 
     def _stopping(self) -> bool:
         # A call, not an attribute read, so type narrowing does not survive an await.
-        return self._disposing
+        return self._life.stopping
 
     def _stop(self) -> None:
         """Begin disposal: no more input, the running turn ends ``disposed``.
@@ -489,17 +427,18 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         ends an idle actor's wait; a busy one gets :data:`CLOSE_GRACE` to converge before its
         scope is cancelled.
         """
-        if self._disposing:
+        life = self._life
+        if life.stopping:
             return
-        self._disposing = True
+        life.stopping = True
         self._set_status("disposed")
         self._inbox.discard_all("disposed")
         if self._turn_scope is not None and not self._turn_scope.cancel_called:
             self._cancel_cause = "disposed"
             self._turn_scope.cancel()
         self._inbox.close()
-        if self._nursery is not None:
-            self._set_grace(self._nursery)
+        if life.nursery is not None:
+            self._set_grace(life.nursery)
 
     @staticmethod
     def _set_grace(nursery: trio.Nursery) -> None:
@@ -509,29 +448,39 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
 
     # --- the actor -----------------------------------------------------------------------
 
-    async def _actor(self) -> None:
+    async def _actor(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                     ) -> None:
         """The agent's task (``agentloop.agent:<id>``), from publication to quiescence.
 
         It owns a nursery under which its turns' tool tasks (and child actors) run. Idle, it
         waits on its next-turn channel. When it returns, the closing events are flushed, its
         scope is closed, its lease released and the supervisor has been asked to detach it.
+
+        An agent whose ``setup`` runs is started before publication (``task_status`` reports
+        its nursery open), so the children its setup spawns run under it too; it waits there
+        until it is published, or leaves no trace if the creation rolls back.
         """
         _current.set(self)
-        rt = self._rt
-        now = trio.current_time()
-        for pending in self.session.awaiting_approval:
-            self._parked_since.setdefault(pending.call_id, now)
+        life, services = self._life, self._services
+        self._runner.approvals.note_pending(
+            (p.call_id for p in self.session.awaiting_approval), trio.current_time()
+        )
         try:
             # The actor's nursery: its cancel scope is the agent's, cancelled when disposal
             # outlasts CLOSE_GRACE; tool tasks (and child actors) run under it.
             async with trio.open_nursery() as nursery:
-                self._nursery = nursery
+                life.nursery = nursery
+                task_status.started()
+                if not await life.wait_settled():
+                    return  # the creation rolled back: nothing was published
                 try:
-                    if self._disposing:
+                    if life.stopping:
                         self._set_grace(nursery)
-                    if not self._attached:
-                        self._attached = True
-                        await rt.attach_persistence(self)
+                    if not life.attached:
+                        life.attached = True
+                        await services.attach_persistence(
+                            self.session, acquire=life.needs_lease
+                        )
                     await self._drive()
                 finally:
                     # Inside the nursery, so what the agent owns (the child actors that run
@@ -546,19 +495,19 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             # keep running.
             log.error("agent %s failed and is disposed: %r", self.id, exc, exc_info=exc)
         finally:
-            self._nursery = None
-            with trio.move_on_after(2 * CLOSE_GRACE, shield=True):
-                # Memoized: a no-op unless the nursery never opened.
-                await self._close_scope()
-                await rt.release_persistence(self)
-            rt.supervisor.detach(self)
+            life.nursery = None
+            if life.published:
+                with trio.move_on_after(2 * CLOSE_GRACE, shield=True):
+                    # Memoized: a no-op unless the nursery never opened.
+                    await self._close_scope()
+                    await services.release_persistence(self.id, life.lease)
+                life.detach()
 
     async def _close_scope(self) -> None:
         self._stop()
         with trio.move_on_after(CLOSE_GRACE, shield=True):
             await self._flush(self.session.last_seq)
-            if self.ctx is not None:
-                await self.ctx.aclose()
+            await self._life.close_scope()
 
     async def _drive(self) -> None:
         inbox = self._inbox
@@ -591,7 +540,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                 self._cancel_cause = None
                 continue
             self._turn_scope = None
-            self._blocked = False
+            self._runner.approvals.blocked = False
             # Load-bearing: an agent/status handler may send while the agent turns idle.
             # That send admits a new turn synchronously (status back to running), and the
             # loop's next pass runs it instead of waiting on the channel.
@@ -600,7 +549,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
     def _claim(self, turn: int, *, boundary: bool) -> tuple[InboxMessage, ...]:
         """Atomically take the next-step input, plus one queued prompt at a turn boundary."""
         batch = self._inbox.claim(boundary=boundary)
-        bus, append = self._rt.bus, self.session.append
+        bus, append = self._services.bus, self.session.append
         for is_prompt, m in batch:
             append(
                 _log.USER_MESSAGE if is_prompt else _log.STEERING_MESSAGE,
@@ -614,7 +563,8 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
     async def _turn(self, scope: trio.CancelScope) -> None:
         # Answers to calls a closed turn left awaiting approval open a turn of their own,
         # even a cancelled one: cancel() answers them ABORTED_BEFORE_DISPATCH there.
-        resuming = any(p.call_id in self._answers for p in self.session.awaiting_approval)
+        approvals = self._runner.approvals
+        resuming = any(approvals.answered(p.call_id) for p in self.session.awaiting_approval)
         if not resuming and (
             scope.cancel_called or not (self._inbox.next_turn or self._inbox.waking)
         ):
@@ -647,7 +597,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             raise
         if _cancel_called(scope) and turn.reason != "error":
             # Cancellation takes precedence even when the work finished before noticing it.
-            turn.reason = "disposed" if self._disposing else "aborted"
+            turn.reason = "disposed" if self._life.stopping else "aborted"
         if turn.reason == "disposed" and self.session.awaiting_approval:
             # Calls wait for a person: they stay pending, and a resume picks them up.
             turn.reason = "suspended"
@@ -669,13 +619,8 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         # tools, an internal error), every call the model made gets its answer, so the next
         # request is valid for every provider; at a disposal, calls awaiting approval keep
         # waiting instead (the turn is suspended).
-        close_unanswered(self.session, turn.number, keep_awaiting=self._disposing)
-        if self._answers or self._parked_since:
-            awaiting = {p.call_id for p in self.session.awaiting_approval}
-            self._answers = {k: v for k, v in self._answers.items() if k in awaiting}
-            self._parked_since = {
-                k: v for k, v in self._parked_since.items() if k in awaiting
-            }
+        close_unanswered(self.session, turn.number, keep_awaiting=self._life.stopping)
+        self._runner.approvals.prune({p.call_id for p in self.session.awaiting_approval})
         error: FrozenDict | None = None
         if turn.error is not None:
             err = turn.error
@@ -701,7 +646,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         )
         with trio.move_on_after(CLOSE_GRACE, shield=True):
             await self._flush(end.seq)
-            bus = self._rt.bus
+            bus = self._services.bus
             if bus.has_listeners(AgentTurnEnd):
                 try:
                     await bus.emit(AgentTurnEnd(self.id, turn.number, turn.reason or ""))
@@ -709,7 +654,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                     log.exception("agent %s: an agent/turn-end handler failed", self.id)
 
     async def _flush(self, seq: int) -> None:
-        bus = self._rt.bus
+        bus = self._services.bus
         if bus.has_handlers(SessionFlush):
             try:
                 await bus.emit(SessionFlush(self.id, seq))
@@ -719,13 +664,13 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
     async def _run_turn(
         self, turn: _Turn, claimed: tuple[InboxMessage, ...], *, resuming: bool = False
     ) -> str:
-        bus = self._rt.bus
+        bus, runner = self._services.bus, self._runner
         step = 0
         entering = claimed
         if resuming:
             # First the results of the calls a suspended turn left, then the step loop
             # goes on as after any tool step.
-            await run_suspended_calls(self, turn.number)
+            await run_suspended_calls(runner, turn.number)
             await trio.lowlevel.checkpoint_if_cancelled()
             entering = self._claim(turn.number, boundary=False)
         while True:
@@ -739,7 +684,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                     return "rejected"
                 if isinstance(decision, Replace):
                     self._replace_all(decision.messages)
-            outcome = await self._step(turn, step)
+            outcome = await self._requests.step(turn.number, step, turn.output)
             turn.steps += 1
             if outcome.finish_reason == "max_tokens":
                 turn.max_tokens = True
@@ -753,7 +698,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                     if calls:
                         # The model asked for these beside its answer (a note to save, a
                         # file to write): they run, then the turn ends on the answer.
-                        await run_tool_calls(self, turn.number, calls)
+                        await run_tool_calls(runner, turn.number, calls)
                         turn.tool_calls += len(calls)
                     return "max-tokens" if turn.max_tokens else "completed"
                 # Invalid output, or a reply with neither output nor tool calls: corrected.
@@ -774,7 +719,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                 if correct and verdict.call is None:
                     self._correct(turn.number, correction(verdict))
             if calls:
-                await run_tool_calls(self, turn.number, calls)
+                await run_tool_calls(runner, turn.number, calls)
                 turn.tool_calls += len(calls)
                 stop = await self._stopping_point(turn, step, "post-tools")
                 if stop is not None:
@@ -821,7 +766,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         self, turn: _Turn, step: int, point: Literal["pre-step", "post-tools"]
     ) -> str | None:
         """``agent/turn-stopping``: ``"aborted"`` when a policy ends the turn here."""
-        bus = self._rt.bus
+        bus = self._services.bus
         if not bus.has_handlers(AgentTurnStopping):
             return None
         decision = await bus.emit(
@@ -849,149 +794,6 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         ) == len(messages):
             return  # the same history: nothing to record
         session.replace_history(1, session.last_seq, messages, reason="pre-step")
-
-    def _visible_specs(self) -> tuple[ToolSpec, ...]:
-        registry = self._rt.tools
-        if registry.version != self._specs_version:
-            self._specs = tuple(t.spec for t in registry.visible(self.id))
-            self._specs_version = registry.version
-        return self._specs
-
-    async def _step(self, turn: _Turn, step: int) -> StepOutcome:
-        rt = self._rt
-        bus = rt.bus
-        config = self._proposal
-        specs = self._visible_specs()
-        spec = turn.output
-        template = rt.prompt.template_for(self.id, self.options.system_prompt)
-        system = rt.prompt.render(
-            template, provider=config.provider, model=config.model, cwd=self.cwd
-        )
-        history = self.session.messages()
-        messages: Sequence[Message] = history
-        # Whether the system prompt follows the route: a fallback to another provider renders
-        # it again, unless an agent/request handler wrote its own.
-        templated = "{" in template
-        if bus.has_handlers(AgentRequest):
-            outcome_of = _Outcome()
-            proposed = AgentRequest(
-                self.id, turn.number, step, config, system, specs, history, outcome_of
-            )
-            config = await bus.emit(proposed)
-            final = outcome_of.event
-            if final is None or final.config is not config:
-                # Only the waterfall's own last copy says what the handlers left.
-                final = attrs.evolve(proposed, config=config)
-            messages, specs = final.messages, final.tools
-            if final.system != system:
-                system = final.system
-                templated = False
-            elif templated:
-                system = rt.prompt.render(
-                    template, provider=config.provider, model=config.model, cwd=self.cwd
-                )
-        planned = config
-        # Per route (provider, model): a call moved to another route counts from 1 there.
-        tries: dict[tuple[str | None, str | None], int] = {}
-        routes: list[str] = []
-        after: FrozenDict | None = None
-        while True:
-            key = (config.provider, config.model)
-            if templated and config is not planned:
-                system = rt.prompt.render(
-                    template, provider=config.provider, model=config.model, cwd=self.cwd
-                )
-            attempt = tries[key] = tries.get(key, 0) + 1
-            if f"{key[0]}:{key[1]}" not in routes:
-                routes.append(f"{key[0]}:{key[1]}")
-            policy = None
-            failure: ProviderError | None = None
-            try:
-                if not config.provider or not config.model:
-                    raise ProviderError(
-                        f"a model call needs a provider and a model; got provider="
-                        f"{config.provider!r}, model={config.model!r}",
-                        code="INVALID_CONFIG",
-                    )
-                prepared = await rt.llm.prepare_call(config)
-                policy = prepared.retry
-                effective = prepared.config
-                route = (effective.provider, effective.model)
-                before = self._sent.get(route)
-                self.session.append(
-                    _log.REQUEST_HEADER,
-                    _log.request_header(
-                        step, effective.to_json(), prepared.adapter_defaults,
-                        messages=len(messages),
-                        cache_prefix=0 if before is None
-                        else self.session.common_prefix(before, messages),
-                        rewritten=messages is not history,
-                        after_error=after,
-                    ),
-                    turn.number,
-                )
-                self._sent[route] = messages
-                native = spec is not None and (
-                    prepared.registration is not None
-                    and prepared.registration.adapter.supports_json_schema
-                )
-                request = LLMRequest(
-                    system=system,
-                    messages=messages,
-                    tools=specs if spec is None or native else (*specs, spec.tool()),
-                    config=effective,
-                    session_id=self.id,
-                    turn=turn.number,
-                    step=step,
-                    output_schema=spec.schema if spec is not None and native else None,
-                    output_name=spec.name if spec is not None else "output",
-                )
-                stream, guard = await prepared.serve(request, agent_id=self.id)
-                judge = None if spec is None else functools.partial(check_output, spec, native)
-                outcome = await fold_stream(
-                    self.session, turn.number, step, stream, judge, failure=guard
-                )
-                break
-            except ProviderError as err:
-                failure = err
-            # Recovery runs outside the except block: a retry wait must not chain onto (or,
-            # when cancelled, discard) the provider error.
-            decision = None
-            if bus.has_handlers(AgentRequestError):
-                decision = await bus.emit(
-                    AgentRequestError(
-                        self.id, turn.number, step, attempt, config, failure, policy,
-                        tuple(routes),
-                    )
-                )
-            if not isinstance(decision, Retry):
-                raise failure
-            # The next header records the failed call, so the log keeps every attempt.
-            error = freeze_repaired(failure.to_json())[0]
-            assert isinstance(error, FrozenDict)
-            after = _log.failed_call(config.provider, config.model, attempt, error)
-            if decision.config is not None:
-                config = decision.config
-            # A handler that retries at once must still let other tasks (and cancel()) in.
-            await trio.lowlevel.checkpoint()
-        if config is not planned:
-            # A call moved to another route (a fallback) serves this step only.
-            self._proposal = planned
-        # Adapter-filled fields are dropped, so the next step's route fills its own.
-        elif prepared.adapter_defaults:
-            self._proposal = attrs.evolve(
-                effective, **dict.fromkeys(prepared.adapter_defaults)
-            )
-        else:
-            self._proposal = effective
-        if bus.has_listeners(AgentStepResult):
-            await bus.emit(
-                AgentStepResult(
-                    self.id, turn.number, step, outcome.finish_reason, outcome.text,
-                    outcome.tool_calls,
-                )
-            )
-        return outcome
 
 
 def _cancel_called(scope: trio.CancelScope) -> bool:

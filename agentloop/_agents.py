@@ -12,13 +12,14 @@ from __future__ import annotations
 import logging
 import math
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, Literal, Self, final
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, Self, final
 
 import attrs
 import trio
 
 from ._agent import CLOSE_GRACE, Agent, current_agent
+from ._bus import Disposer
 from ._errors import AgentDisposed as AgentDisposedError
 from ._errors import (
     AgentLoopError,
@@ -26,6 +27,7 @@ from ._errors import (
     InvalidOptions,
     PersistenceUnavailable,
     RuntimeClosed,
+    ScopeClosed,
     SessionIdInUse,
     SessionNotFound,
     SettingsError,
@@ -39,22 +41,40 @@ from ._events import (
 )
 from ._json import FrozenDict, freeze
 from ._model import AgentOptions, CallConfig, SessionEvent
+from ._lifecycle import Lifecycle
+from ._services import LeaseClaim, Services
 from ._session import Session, recover_crashed_turn, validate_session_id
-from ._util import NoPublicConstructor
+from ._util import NoPublicConstructor, construct
 
 if TYPE_CHECKING:
-    from ._context import Context
-    from ._runtime import Runtime
     from ._subagents import Job
 
 __all__ = [
     "AgentHandle", "AgentsService", "AgentLoopService", "SessionsService", "SubagentLimitExceeded",
-    "MAX_DEPTH", "MAX_CHILDREN",
+    "Scope", "Supervisor", "MAX_DEPTH", "MAX_CHILDREN",
 ]
 
 log = logging.getLogger("agentloop")
 
-Setup = Callable[["Context"], Awaitable[None]]
+
+class Scope(Protocol):
+    """What the supervisor's side needs of a :class:`~agentloop.Context` (which is above it)."""
+
+    name: str
+    agent_id: str | None
+
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def closing(self) -> bool: ...
+    def child(self, name: str, *, agent_id: str | None = None) -> Scope: ...
+    def own(self, resource: AgentHandle) -> Disposer: ...
+    def track(self, disposer: Disposer) -> Disposer: ...
+    def close_registrations(self) -> None: ...
+    async def aclose(self) -> None: ...
+
+
+Setup = Callable[[Any], Awaitable[None]]
 
 MAX_DEPTH: Final = "subagents.max_depth"
 MAX_CHILDREN: Final = "subagents.max_children"
@@ -65,10 +85,10 @@ class SubagentLimitExceeded(AgentLoopError):  # noqa: N818 - reads as a state
     """A sub-agent would exceed ``subagents.max_depth`` or ``subagents.max_children``."""
 
 
-def subagent_limit(rt: Runtime, key: str) -> int:
+def subagent_limit(services: Services, key: str) -> int:
     """The current value of a sub-agent limit setting (its default while it is unregistered)."""
     try:
-        value: object = rt.settings.get(key)
+        value: object = services.settings.get(key)
     except SettingsError:
         value = _LIMIT_DEFAULTS[key]
     return check_limit(value, key)
@@ -125,42 +145,40 @@ class AgentHandle(metaclass=NoPublicConstructor):
 
     ``aclose`` is idempotent and memoized; it returns only at quiescence: the driver stopped
     (a running turn ended ``disposed``), closing events were flushed, and the agent and its
-    session left the registries.
+    session left the registries. ``ctx`` is the agent's own scope (what its ``setup``
+    registered, its sub-agents and jobs): only the handle holder has it.
     """
 
-    def __init__(self, agent: Agent, owner: Context) -> None:
+    __slots__ = ("_life", "_release", "_scope", "agent")
+
+    def __init__(self, agent: Agent, life: Lifecycle, scope: Scope) -> None:
         self.agent = agent
-        self._owner = owner
+        self._life = life
+        self._scope = scope
+        self._release: Disposer | None = None
 
     def __repr__(self) -> str:
         return f"<AgentHandle {self.agent.id!r}>"
 
+    @property
+    def ctx(self) -> Any:
+        """The agent's scope (a :class:`~agentloop.Context`)."""
+        return self._scope
+
+    def owned_by(self, owner: Scope) -> None:
+        """Enter the owner's scope: it closes this handle when it closes."""
+        self._release = owner.own(self)
+
     async def aclose(self) -> None:
-        await dispose(self.agent)
-        self._owner._disown(self)
+        await self._life.dispose()
+        if self._release is not None:
+            self._release()
 
     async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-
-
-async def dispose(agent: Agent) -> None:
-    """Begin the agent's disposal if needed and wait for its quiescence boundary."""
-    if not agent._teardown_requested:
-        agent._teardown_requested = True
-        if agent._announced.is_set():
-            agent._stop()  # the input barrier: from here on send() raises AgentDisposed
-        else:
-            # A dispose requested from inside a creation notification waits for it to unwind.
-            agent._rt.system_nursery.start_soon(_stop_once_announced, agent)
-    await agent._quiescent.wait()
-
-
-async def _stop_once_announced(agent: Agent) -> None:
-    await agent._announced.wait()
-    agent._stop()
 
 
 class _Reply:
@@ -174,8 +192,9 @@ class _Reply:
 @attrs.frozen(slots=True, eq=False)
 class _Enter:
     agent: Agent
+    life: Lifecycle
     handle: AgentHandle
-    owner: Context
+    owner: Scope
     reply: _Reply
     parent: Agent | None = None
 
@@ -189,21 +208,26 @@ class Supervisor:
     """The supervisor actor: the only writer of the agent and session registries.
 
     It runs as the task ``agentloop.supervisor`` for the runtime's lifetime and owns the
-    nursery every agent actor runs in. Creators prepare privately and send an entry request;
-    an agent actor that reaches quiescence sends a detach request. Both are applied in the
-    order they arrive, each in one synchronous step, so same-id contenders are arbitrated by
-    arrival and a detach only ever removes the exact entry it names.
+    nursery every top-level agent actor runs in. Creators prepare privately and send an entry
+    request; an agent actor that reaches quiescence sends a detach request. Both are applied in
+    the order they arrive, each in one synchronous step, so same-id contenders are arbitrated
+    by arrival and a detach only ever removes the exact entry it names.
     """
 
-    def __init__(self, rt: Runtime) -> None:
-        self._rt = rt
+    def __init__(self, services: Services) -> None:
+        self._services = services
         self._tx, self._rx = trio.open_memory_channel[_Enter | _Detach](math.inf)
         self._actors: trio.Nursery | None = None
+        self.agents: dict[str, Agent] = {}
+        self.sessions: dict[str, Session] = {}
+        # Every agent from preparation to quiescence: its lifecycle and its scope, by the
+        # agent itself (same-id contenders are different agents), and which agent a scope is.
+        self._lives: dict[Agent, Lifecycle] = {}
+        self._scopes: dict[Agent, Scope] = {}
+        self._by_scope: dict[Scope, Agent] = {}
         # The tree: each live child under its parent's id, and each child's parent.
         self.children: dict[str, dict[str, Agent]] = {}
         self.parent_of: dict[str, Agent] = {}
-        # Agents between preparation and publication, so their setup can spawn children.
-        self.preparing: dict[str, Agent] = {}
         # Background jobs by id (``ctx.jobs``), entered and removed by their owners.
         self.jobs: dict[str, Job] = {}
 
@@ -226,32 +250,101 @@ class Supervisor:
         """No more requests (runtime exit, once every agent is quiescent)."""
         self._tx.close()
 
-    def _child_nursery(self, agent: Agent, parent: Agent) -> trio.Nursery:
-        """Where a child's actor runs: its parent's nursery, checked against the limits.
+    # --- asked by the other parts --------------------------------------------------------
 
-        A parent still in its ``setup`` has no actor (and so no nursery) yet: its children
-        run in the supervisor's nursery. They are owned by the parent's scope all the same,
-        so they are disposed, to quiescence, before the parent is.
-        """
-        if parent._disposing or parent._quiescent.is_set():
+    def prepare(self, services: Services, session: Session, options: AgentOptions | None,
+                owner: Scope, *, cwd: str | None, resumed: bool = False,
+                proposal: CallConfig | None = None) -> tuple[Agent, Lifecycle, Scope]:
+        """A private agent, its lifecycle and its scope (a child of ``owner``'s)."""
+        scope = owner.child(f"agent:{session.id}", agent_id=session.id)
+        agents: list[Agent] = []
+
+        def cancel_children() -> None:
+            for child in list(self.children.get(session.id, {}).values()):
+                if child.status == "running":
+                    child.cancel("parent")
+
+        life = Lifecycle(
+            services.system_nursery, close_scope=scope.aclose,
+            detach=lambda: self.detach(agents[0]), cancel_children=cancel_children,
+        )
+        agent = construct(Agent, services, session, options or AgentOptions(), life, cwd=cwd,
+                          resumed=resumed, proposal=proposal)
+        agents.append(agent)
+        self._lives[agent] = life
+        self._scopes[agent] = scope
+        self._by_scope[scope] = agent
+        return agent, life, scope
+
+    def forget(self, agent: Agent) -> None:
+        """A preparation rolled back: the agent never was."""
+        life = self._lives.pop(agent, None)
+        if life is not None:
+            life.abandon()
+        scope = self._scopes.pop(agent, None)
+        if scope is not None and self._by_scope.get(scope) is agent:
+            del self._by_scope[scope]
+
+    def agent_of(self, scope: object) -> Agent | None:
+        """The agent (live or being prepared) whose own scope ``scope`` is."""
+        return self._by_scope.get(scope)  # type: ignore[call-overload, no-any-return]
+
+    def scope_of(self, agent: Agent) -> Scope | None:
+        return self._scopes.get(agent)
+
+    def disposing(self, agent: Agent) -> bool:
+        life = self._lives.get(agent)
+        return life is None or life.disposing
+
+    def nursery_for(self, agent: Agent | None) -> trio.Nursery:
+        """Where work owned by ``agent`` runs: its actor's nursery (else the supervisor's)."""
+        life = self._lives.get(agent) if agent is not None else None
+        if life is not None and life.nursery is not None:
+            return life.nursery
+        assert self._actors is not None
+        return self._actors
+
+    async def start_early(self, agent: Agent, parent: Agent | None) -> None:
+        """Start ``agent``'s actor before publication (its setup spawns children under it)."""
+        life = self._lives[agent]
+        await self.nursery_for(parent).start(life.actor, name=f"agentloop.agent:{agent.id}")
+
+    async def dispose(self, agent: Agent) -> None:
+        life = self._lives.get(agent)
+        if life is not None:
+            await life.dispose()
+
+    def all_agents(self) -> list[Agent]:
+        return list(self.agents.values())
+
+    def preparing(self, session_id: str) -> Agent | None:
+        """An agent being prepared under this id (its children join the tree before it)."""
+        for agent, life in self._lives.items():
+            if agent.id == session_id and not life.published:
+                return agent
+        return None
+
+    # --- entry and detach ------------------------------------------------------------------
+
+    def _child_nursery(self, agent: Agent, parent: Agent) -> trio.Nursery:
+        """Where a child's actor runs: its parent's nursery, checked against the limits."""
+        if self.disposing(parent):
             raise AgentDisposedError(
                 f"agent {parent.id!r} is disposed; it cannot start sub-agent {agent.id!r}"
             )
-        limit = subagent_limit(self._rt, MAX_CHILDREN)
+        limit = subagent_limit(self._services, MAX_CHILDREN)
         if len(self.children.get(parent.id, ())) >= limit:
             raise SubagentLimitExceeded(
                 f"agent {parent.id!r} already has {limit} live sub-agents "
                 f"({MAX_CHILDREN} = {limit}); wait for one to finish or close one"
             )
-        assert self._actors is not None
-        return parent._nursery if parent._nursery is not None else self._actors
+        return self.nursery_for(parent)
 
-    async def enter(
-        self, agent: Agent, handle: AgentHandle, owner: Context, parent: Agent | None = None
-    ) -> None:
+    async def enter(self, agent: Agent, handle: AgentHandle, owner: Scope,
+                    parent: Agent | None = None) -> None:
         """Ask for publication and wait for the verdict (``SessionIdInUse`` for a loser)."""
         reply = _Reply()
-        self._tx.send_nowait(_Enter(agent, handle, owner, reply, parent))
+        self._tx.send_nowait(_Enter(agent, self._lives[agent], handle, owner, reply, parent))
         # Shielded: the verdict is immediate, and a creator cancelled while the supervisor
         # publishes must not be left not knowing it won.
         with trio.CancelScope(shield=True):
@@ -259,11 +352,11 @@ class Supervisor:
         if reply.error is not None:
             raise reply.error
 
-    def enter_now(self, agent: Agent, handle: AgentHandle, owner: Context) -> None:
+    def enter_now(self, agent: Agent, handle: AgentHandle, owner: Scope) -> None:
         """Publication for ``agent_loop.create``, which is synchronous by contract and so
         cannot wait for a message round trip; applied by the same code as a request."""
         reply = _Reply()
-        self._apply_enter(_Enter(agent, handle, owner, reply))
+        self._apply_enter(_Enter(agent, self._lives[agent], handle, owner, reply))
         if reply.error is not None:
             raise reply.error
 
@@ -275,9 +368,10 @@ class Supervisor:
             self._apply_detach(agent)  # the runtime is past its supervisor: detach in place
 
     def _apply_enter(self, request: _Enter) -> None:
-        rt, agent, parent = self._rt, request.agent, request.parent
+        services, agent, parent, life = self._services, request.agent, request.parent, \
+            request.life
         try:
-            if agent.id in rt.agents or agent.id in rt.sessions:
+            if agent.id in self.agents or agent.id in self.sessions:
                 raise SessionIdInUse(f"session id {agent.id!r} is already in use by a live agent")
             if self._actors is None:
                 raise RuntimeClosed("the runtime's supervisor is not running")
@@ -286,30 +380,29 @@ class Supervisor:
                 raise AgentDisposedError(
                     f"{request.owner.name} closed while agent {agent.id!r} was being created"
                 )
-            nursery = self._actors
-            if parent is not None:
-                nursery = self._child_nursery(agent, parent)
-            rt.agents[agent.id] = agent
-            rt.sessions[agent.id] = agent.session
-            agent._published = True
-            request.owner._own(request.handle)
+            nursery = self._actors if parent is None else self._child_nursery(agent, parent)
+            self.agents[agent.id] = agent
+            self.sessions[agent.id] = agent.session
+            life.publish()
+            request.handle.owned_by(request.owner)
             if parent is not None:
                 self.children.setdefault(parent.id, {})[agent.id] = agent
                 self.parent_of[agent.id] = parent
             try:
-                rt.emit(SessionCreated(agent.id, agent.session.meta, agent.resumed))
-                rt.emit(AgentCreated(agent.id))
-                rt.emit(AgentSessionStart(agent.id, agent.resumed))
+                services.emit(SessionCreated(agent.id, agent.session.meta, agent.resumed))
+                services.emit(AgentCreated(agent.id))
+                services.emit(AgentSessionStart(agent.id, agent.resumed))
             finally:
-                agent._announced.set()
-                nursery.start_soon(agent._actor, name=f"agentloop.agent:{agent.id}")
+                life.announced()
+                if life.nursery is None:  # not started early, for a setup
+                    nursery.start_soon(life.actor, name=f"agentloop.agent:{agent.id}")
         except Exception as exc:  # noqa: BLE001 - handed to the creator, who re-raises
             request.reply.error = exc
         finally:
             request.reply.done.set()
 
     def _apply_detach(self, agent: Agent) -> None:
-        rt = self._rt
+        services = self._services
         try:
             parent = self.parent_of.get(agent.id)
             if parent is not None and self.children.get(parent.id, {}).get(agent.id) is agent:
@@ -318,27 +411,33 @@ class Supervisor:
                 del siblings[agent.id]
                 if not siblings:
                     del self.children[parent.id]
-            if rt.agents.get(agent.id) is agent:
-                del rt.agents[agent.id]
-                rt.emit(AgentDisposed(agent.id))
-            if rt.sessions.get(agent.id) is agent.session:
-                del rt.sessions[agent.id]
-                rt.emit(SessionDisposed(agent.id))
+            if self.agents.get(agent.id) is agent:
+                del self.agents[agent.id]
+                services.emit(AgentDisposed(agent.id))
+            if self.sessions.get(agent.id) is agent.session:
+                del self.sessions[agent.id]
+                services.emit(SessionDisposed(agent.id))
         finally:
-            agent._quiescent.set()
+            life = self._lives.pop(agent, None)
+            scope = self._scopes.pop(agent, None)
+            if scope is not None and self._by_scope.get(scope) is agent:
+                del self._by_scope[scope]
+            if life is not None:
+                life.quiesced()
 
 
 class SessionsService:
     """``ctx.sessions``: the live sessions."""
 
-    def __init__(self, rt: Runtime) -> None:
-        self._rt = rt
+    def __init__(self, services: Services, supervisor: Supervisor) -> None:
+        self._services = services
+        self._supervisor = supervisor
 
     def get(self, session_id: str) -> Session | None:
-        return self._rt.sessions.get(session_id)
+        return self._supervisor.sessions.get(session_id)
 
     def list(self) -> list[Session]:
-        return list(self._rt.sessions.values())
+        return list(self._supervisor.sessions.values())
 
     async def send(
         self,
@@ -359,10 +458,10 @@ class SessionsService:
             SessionNotFound: nobody here drives it and no routing backend knows it.
             InvalidContent: the content, source or target is invalid.
         """
-        agent = self._rt.agents.get(session_id)
+        agent = self._supervisor.agents.get(session_id)
         if agent is not None:
             return agent.send(content, source=source, target=target, wakeup=wakeup)
-        route = getattr(self._rt.persistence, "send", None)
+        route = getattr(self._services.persistence, "send", None)
         if route is None:
             raise SessionNotFound(
                 f"session {session_id!r} is not driven by this runtime, and its store does not "
@@ -377,16 +476,17 @@ class SessionsService:
 class AgentsService:
     """``ctx.agents``: programmatic creation and resume, and the live-agent registry."""
 
-    def __init__(self, ctx: Context) -> None:
-        self._ctx = ctx
-        self._rt = ctx._runtime
+    def __init__(self, scope: Scope, services: Services, supervisor: Supervisor) -> None:
+        self._scope = scope
+        self._services = services
+        self._supervisor = supervisor
 
     def get(self, agent_id: str) -> Agent | None:
         """The live agent with this id (a bare ``Agent``: handles belong to their owners)."""
-        return self._rt.agents.get(agent_id)
+        return self._supervisor.agents.get(agent_id)
 
     def list(self) -> list[Agent]:
-        return list(self._rt.agents.values())
+        return self._supervisor.all_agents()
 
     @staticmethod
     def current() -> Agent | None:
@@ -409,13 +509,15 @@ class AgentsService:
         Raises:
             SessionIdInUse: a live agent (or a stored session) already has this id.
             InvalidContent: ``meta`` or ``seed`` is not JSON.
+            InvalidOptions: ``agent_options`` is not an ``AgentOptions``.
         """
         _check_id(session_id)
         frozen_meta = _freeze_meta(meta)
         events = _seed_events(seed)
-        return await _transaction(
-            self._ctx, session_id, frozen_meta, events, agent_options, setup, resumed=False
-        )
+        return await Creation(
+            self._services, self._supervisor, self._scope, session_id, agent_options, setup,
+            resumed=False,
+        ).run(frozen_meta, events)
 
     async def resume(
         self,
@@ -429,137 +531,161 @@ class AgentsService:
         Raises:
             PersistenceUnavailable: no persistence backend is loaded.
             SessionNotFound: nothing is stored under this id.
-            SessionIdInUse: a live agent already drives it.
+            SessionIdInUse: a live agent already drives it (here, or in another runtime:
+                :class:`~agentloop.SessionLeased`).
         """
         _check_id(resume_session_id, "resume_session_id")
-        backend = self._rt.persistence
-        if backend is None:
+        if self._services.persistence is None:
             raise PersistenceUnavailable(
                 "resume needs a session-persistence backend; enable one with "
                 '{"persistence": {"backend": "sqlite", "path": "..."}}'
             )
-        if resume_session_id in self._rt.agents:
+        if resume_session_id in self._supervisor.agents:
             raise SessionIdInUse(f"session {resume_session_id!r} is already driven by a live agent")
-        return await _transaction(
-            self._ctx, resume_session_id, FrozenDict(), [], agent_options, setup, resumed=True
-        )
+        return await Creation(
+            self._services, self._supervisor, self._scope, resume_session_id, agent_options,
+            setup, resumed=True,
+        ).run(FrozenDict(), [])
 
 
-async def _transaction(
-    owner: Context,
-    session_id: str,
-    meta: FrozenDict,
-    events: list[SessionEvent],
-    options: AgentOptions | None,
-    setup: Setup | None,
-    *,
-    resumed: bool,
-    parent: Agent | None = None,
-) -> AgentHandle:
-    rt = owner._runtime
-    rt.check_open()
-    if options is not None and not isinstance(options, AgentOptions):
-        raise InvalidOptions(f"agent_options must be an AgentOptions, got {options!r}")
-    with rt.inflight():
-        backend = rt.persistence
-        token = LeaseClaim()
-        if backend is not None:
-            # The lease is the runtime's, so same-id contenders of one runtime are arbitrated
-            # before it: only one at a time ever acquires (and so can release) the lease.
-            # The others wait for it to publish (they lose) or roll back (the next one tries).
-            while (held := rt.leases.get(session_id)) is not None:
-                if held.published:
-                    raise SessionIdInUse(
-                        f"session {session_id!r} is already driven by a live agent"
-                    )
-                await held.settled.wait()
-            rt.leases[session_id] = token
-        leased = False
-        scope: Context | None = None
-        owed: list[Job] = []  # jobs a crash cut short, whose failure a resume delivers
-        try:
-            if not resumed and backend is not None and await backend.exists(session_id):
-                raise SessionIdInUse(
-                    f"session {session_id!r} already exists in persistence; resume it instead"
-                )
+RecoverChildren = Callable[
+    [Services, Supervisor, Agent, Scope], Awaitable[list[Callable[[Agent], None]]]
+]
+
+
+class Creation:
+    """One create or resume as a transaction: prepare privately, set up, store, publish;
+    any failure or cancellation before publication rolls back what was prepared."""
+
+    # Installed by the sub-agents module (above this one): it mends a resumed parent's tree.
+    recover_children: RecoverChildren | None = None
+
+    def __init__(
+        self, services: Services, supervisor: Supervisor, owner: Scope, session_id: str,
+        options: AgentOptions | None, setup: Setup | None, *, resumed: bool,
+        parent: Agent | None = None,
+    ) -> None:
+        services.check_open()
+        if owner.closed:
+            raise ScopeClosed(f"{owner!r} is closed; it cannot create agents")
+        if options is not None and not isinstance(options, AgentOptions):
+            raise InvalidOptions(f"agent_options must be an AgentOptions, got {options!r}")
+        self.services, self.supervisor, self.owner = services, supervisor, owner
+        self.session_id, self.options, self.setup = session_id, options, setup
+        self.resumed, self.parent = resumed, parent
+        self.token = LeaseClaim()
+        self.leased = False
+        self.agent: Agent | None = None
+
+    async def run(self, meta: FrozenDict, events: list[SessionEvent]) -> AgentHandle:
+        services = self.services
+        with services.inflight():
+            backend = services.persistence
             if backend is not None:
-                await backend.acquire(session_id, rt.owner_id)
-                leased = True
-            proposal = None
-            if resumed:
-                # Loaded under the lease, so no other driver can append after this snapshot.
-                assert backend is not None
-                stored = await backend.load(session_id)
-                meta, events = stored.meta, list(stored.events)
-            session = Session(session_id, meta, rt.bus)
-            session.load(events)
-            if resumed:
-                # Recovered before setup, so whoever gets the handle sees a valid history.
-                recover_crashed_turn(session)
-                proposal = resumed_config(session, options)
-            cwd = meta.get("cwd") if isinstance(meta.get("cwd"), str) else None
-            agent = Agent._create(rt, session, options or AgentOptions(), cwd=cwd, resumed=resumed,
-                          proposal=proposal)
-            scope = owner.child(f"agent:{session_id}", agent_id=session_id)
-            agent.ctx = scope
-            if resumed:
-                # The crash that left this turn open left its sub-agents' turns open too, and
-                # took its jobs' registry; both are mended before setup sees the agent.
-                from ._subagents import recover_children
-
-                owed = await recover_children(agent)
-            if setup is not None:
-                preparing = rt.supervisor.preparing
-                preparing[session_id] = agent
-                try:
-                    await setup(scope)
-                finally:
-                    if preparing.get(session_id) is agent:
-                        del preparing[session_id]
-            await trio.lowlevel.checkpoint()
-            rt.check_open()
-            if owner.closed or owner.closing:
-                raise AgentDisposedError(
-                    f"{owner.name} closed while agent {session_id!r} was being set up; "
-                    "nothing was published"
-                )
-            if backend is not None and not resumed:
-                # Stored before publication: a session that cannot be stored fails create()
-                # rather than an agent that would drop the prompt it accepted.
-                with trio.CancelScope(shield=True):
-                    await backend.create(session_id, meta)
-                for event in session.events:
-                    backend.append(session_id, event)
-            agent._attached = True
-            handle = AgentHandle._create(agent, owner)
-            await rt.supervisor.enter(agent, handle, owner, parent)
-        except BaseException:
-            with trio.move_on_after(CLOSE_GRACE, shield=True):
-                if scope is not None:
-                    await scope.aclose()
-                if leased and backend is not None:
-                    await backend.release(session_id, rt.owner_id)
-            if rt.leases.get(session_id) is token:
-                del rt.leases[session_id]
-            token.settled.set()
-            raise
-        token.published = True
-        token.settled.set()
-        agent._lease = token if backend is not None else None
-        for job in owed:
+                await self._claim_lease()
+            try:
+                handle, owed = await self._prepare_and_publish(meta, events)
+            except BaseException:
+                await self._roll_back()
+                raise
+        self.token.published = True
+        self.token.settled.set()
+        for deliver in owed:
             # As soon as the agent can take input (published): its next step, or next turn.
-            job._deliver_to(agent)
+            deliver(handle.agent)
         return handle
 
+    async def _claim_lease(self) -> None:
+        # The lease is the runtime's, so same-id contenders of one runtime are arbitrated
+        # before it: only one at a time ever acquires (and so can release) the lease. The
+        # others wait for it to publish (they lose) or roll back (the next one tries).
+        leases, session_id = self.services.leases, self.session_id
+        while (held := leases.get(session_id)) is not None:
+            if held.published:
+                raise SessionIdInUse(f"session {session_id!r} is already driven by a live agent")
+            await held.settled.wait()
+        leases[session_id] = self.token
 
-class LeaseClaim:
-    """One contender's claim on a session's persistence lease within this runtime."""
+    async def _load(
+        self, meta: FrozenDict, events: list[SessionEvent]
+    ) -> tuple[Session, CallConfig | None]:
+        backend, session_id = self.services.persistence, self.session_id
+        if not self.resumed and backend is not None and await backend.exists(session_id):
+            raise SessionIdInUse(
+                f"session {session_id!r} already exists in persistence; resume it instead"
+            )
+        if backend is not None:
+            await backend.acquire(session_id, self.services.owner_id)
+            self.leased = True
+        proposal = None
+        if self.resumed:
+            # Loaded under the lease, so no other driver can append after this snapshot.
+            assert backend is not None
+            stored = await backend.load(session_id)
+            meta, events = stored.meta, list(stored.events)
+        session = Session(session_id, meta, self.services.bus)
+        session.load(events)
+        if self.resumed:
+            # Recovered before setup, so whoever gets the handle sees a valid history.
+            recover_crashed_turn(session)
+            proposal = resumed_config(session, self.options)
+        return session, proposal
 
-    __slots__ = ("published", "settled")
+    async def _prepare_and_publish(
+        self, meta: FrozenDict, events: list[SessionEvent]
+    ) -> tuple[AgentHandle, list[Callable[[Agent], None]]]:
+        services, supervisor = self.services, self.supervisor
+        session, proposal = await self._load(meta, events)
+        cwd = session.meta.get("cwd")
+        agent, life, scope = supervisor.prepare(
+            services, session, self.options, self.owner,
+            cwd=cwd if isinstance(cwd, str) else None, resumed=self.resumed, proposal=proposal,
+        )
+        self.agent = agent
+        owed: list[Callable[[Agent], None]] = []
+        if self.resumed and Creation.recover_children is not None:
+            # The crash that left this turn open left its sub-agents' turns open too, and
+            # took its jobs' registry; both are mended before setup sees the agent.
+            owed = await Creation.recover_children(services, supervisor, agent, scope)
+        if self.setup is not None:
+            # The actor runs from here, so the children its setup spawns run under it.
+            await supervisor.start_early(agent, self.parent)
+            await self.setup(scope)
+        await trio.lowlevel.checkpoint()
+        services.check_open()
+        if self.owner.closed or self.owner.closing:
+            raise AgentDisposedError(
+                f"{self.owner.name} closed while agent {self.session_id!r} was being set up; "
+                "nothing was published"
+            )
+        backend = services.persistence
+        if backend is not None and not self.resumed:
+            # Stored before publication: a session that cannot be stored fails create()
+            # rather than an agent that would drop the prompt it accepted.
+            with trio.CancelScope(shield=True):
+                await backend.create(self.session_id, session.meta)
+            for event in session.events:
+                backend.append(self.session_id, event)
+        life.attached = True
+        if backend is not None:
+            life.lease = self.token  # released by the actor once it is quiescent
+        handle = construct(AgentHandle, agent, life, scope)
+        await supervisor.enter(agent, handle, self.owner, self.parent)
+        return handle, owed
 
-    def __init__(self) -> None:
-        self.published = False
-        self.settled = trio.Event()
+    async def _roll_back(self) -> None:
+        services, backend = self.services, self.services.persistence
+        with trio.move_on_after(CLOSE_GRACE, shield=True):
+            if self.agent is not None:
+                scope = self.supervisor.scope_of(self.agent)
+                self.supervisor.forget(self.agent)
+                if scope is not None:
+                    await scope.aclose()
+            if self.leased and backend is not None:
+                await backend.release(self.session_id, services.owner_id)
+        if services.leases.get(self.session_id) is self.token:
+            del services.leases[self.session_id]
+        self.token.settled.set()
 
 
 def resumed_config(session: Session, options: AgentOptions | None) -> CallConfig | None:
@@ -590,9 +716,10 @@ def resumed_config(session: Session, options: AgentOptions | None) -> CallConfig
 class AgentLoopService:
     """``ctx.agent_loop``: synchronous creation of agents owned by the calling scope."""
 
-    def __init__(self, ctx: Context) -> None:
-        self._ctx = ctx
-        self._rt = ctx._runtime
+    def __init__(self, scope: Scope, services: Services, supervisor: Supervisor) -> None:
+        self._scope = scope
+        self._services = services
+        self._supervisor = supervisor
 
     def create(
         self,
@@ -600,33 +727,55 @@ class AgentLoopService:
         options: AgentOptions | None = None,
         meta: Mapping[str, Any] | None = None,
     ) -> Agent:
-        """Create and start an agent on session ``id`` now; it is disposed with this scope."""
-        rt, owner = self._rt, self._ctx
-        rt.check_open()
+        """Create and start an agent on session ``id`` now; it is disposed with this scope.
+
+        Raises:
+            SessionIdInUse: a live agent has this id, or the store already holds it (resume
+                it instead); checked before anything is published.
+            InvalidOptions: ``options`` is not an ``AgentOptions``.
+            ScopeClosed: this scope is closed.
+        """
+        services, supervisor, owner = self._services, self._supervisor, self._scope
+        services.check_open()
         _check_id(id, "id")
+        if owner.closed:
+            raise ScopeClosed(f"{owner!r} is closed; it cannot create agents")
         if options is not None and not isinstance(options, AgentOptions):
             raise InvalidOptions(f"options must be an AgentOptions, got {options!r}")
         frozen_meta = _freeze_meta(meta)
-        session = Session(id, frozen_meta, rt.bus)
-        cwd = frozen_meta.get("cwd") if isinstance(frozen_meta.get("cwd"), str) else None
-        agent = Agent._create(rt, session, options or AgentOptions(), cwd=cwd)
-        scope = owner.child(f"agent:{id}", agent_id=id)
-        agent.ctx = scope
-        if rt.persistence is not None and id in rt.leases:
-            scope.close_registrations()
-            raise SessionIdInUse(f"session id {id!r} is already in use by a live agent")
-        if rt.persistence is not None:
-            claim = agent._lease = rt.leases[id] = LeaseClaim()
+        backend = services.persistence
+        if backend is not None:
+            if id in services.leases:
+                raise SessionIdInUse(f"session id {id!r} is already in use by a live agent")
+            _refuse_stored(backend, id)
+        session = Session(id, frozen_meta, services.bus)
+        cwd = frozen_meta.get("cwd")
+        agent, life, scope = supervisor.prepare(
+            services, session, options, owner, cwd=cwd if isinstance(cwd, str) else None
+        )
+        if backend is not None:
+            claim = life.lease = services.leases[id] = LeaseClaim()
             claim.published = True
-        agent._needs_lease = True
+        life.needs_lease = True
         try:
-            rt.supervisor.enter_now(agent, AgentHandle._create(agent, owner), owner)
+            supervisor.enter_now(agent, construct(AgentHandle, agent, life, scope), owner)
         except BaseException:
+            supervisor.forget(agent)
             scope.close_registrations()
-            if rt.leases.get(id) is agent._lease:
-                del rt.leases[id]
+            if services.leases.get(id) is life.lease:
+                del services.leases[id]
             raise
         return agent
+
+
+def _refuse_stored(backend: object, session_id: str) -> None:
+    """``agent_loop.create`` cannot await the store: a backend that can say at once whether
+    a session is stored (``exists_now``) is asked; others are checked by the actor."""
+    exists_now = getattr(backend, "exists_now", None)
+    if exists_now is not None and exists_now(session_id):
+        raise SessionIdInUse(
+            f"session {session_id!r} already exists in persistence; resume it instead"
+        )
 
 
 def fresh_session_id(label: str) -> str:

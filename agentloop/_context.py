@@ -16,19 +16,19 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 import trio
 
+from ._agents import AgentHandle, AgentLoopService, AgentsService, SessionsService, Supervisor
 from ._bus import E1, E2, E3, Classes, Disposer, Lagged, Subscribe
 from ._errors import InvalidOptions, ScopeClosed
 from ._events import Event, SessionEventAppended
+from ._services import Services
+from ._subagents import JobsService, SubagentsService
 from ._tools import ToolsFacade
 
 if TYPE_CHECKING:
-    from ._agents import AgentHandle, AgentLoopService, AgentsService, SessionsService
     from ._config import Config
     from ._llm import LLMService
     from ._persistence import SessionPersistence
-    from ._runtime import Runtime
     from ._settings import Settings
-    from ._subagents import JobsService, SubagentsService
     from .llm import ModelAdapter, RetryPolicy
 
 __all__ = ["Context", "EventsFacade", "LLMFacade", "PromptFacade"]
@@ -49,7 +49,7 @@ class EventsFacade:
 
     def __init__(self, ctx: Context) -> None:
         self._ctx = ctx
-        self._bus = ctx._runtime.bus
+        self._bus = ctx._services.bus
 
     def on(self, cls: type[E], handler: Callable[[E], Any], *, priority: int = 0) -> Disposer:
         """Register a handler for ``cls``; the registration ends with this scope.
@@ -92,7 +92,7 @@ class EventsFacade:
                     except Exception:
                         log.exception("an async %s handler failed", cls.name)
 
-        self._ctx._runtime.system_nursery.start_soon(observe)
+        self._ctx._services.system_nursery.start_soon(observe)
 
         def stop() -> None:
             detach()
@@ -173,7 +173,7 @@ class LLMFacade:
 
     def __init__(self, ctx: Context) -> None:
         self._ctx = ctx
-        self._service: LLMService = ctx._runtime.llm
+        self._service: LLMService = ctx._services.llm
 
     def register(
         self, provider: str, adapter: ModelAdapter, *, retry: RetryPolicy | None = None
@@ -201,7 +201,7 @@ class PromptFacade:
 
     def __init__(self, ctx: Context) -> None:
         self._ctx = ctx
-        self._prompt = ctx._runtime.prompt
+        self._prompt = ctx._services.prompt
 
     def set(self, text: str) -> Disposer:
         """Use ``text`` as the system prompt; ``{provider}``, ``{model}``, ``{cwd}`` are filled."""
@@ -236,10 +236,11 @@ class Context:
     """
 
     def __init__(
-        self, runtime: Runtime, *, name: str, parent: Context | None = None,
-        agent_id: str | None = None,
+        self, services: Services, supervisor: Supervisor, *, name: str,
+        parent: Context | None = None, agent_id: str | None = None,
     ) -> None:
-        self._runtime = runtime
+        self._services = services
+        self._supervisor = supervisor
         self.name = name
         self.parent = parent
         self.agent_id = agent_id
@@ -263,7 +264,7 @@ class Context:
 
     @functools.cached_property
     def tools(self) -> ToolsFacade:
-        return ToolsFacade(self._runtime.tools, self.track, self.agent_id)
+        return ToolsFacade(self._services.tools, self.track, self.agent_id)
 
     @functools.cached_property
     def llm(self) -> LLMFacade:
@@ -275,55 +276,45 @@ class Context:
 
     @property
     def settings(self) -> Settings:
-        return self._runtime.settings
+        return self._services.settings
 
     @property
     def config(self) -> Config:
-        return self._runtime.config
+        return self._services.config
 
     @property
     def session_persistence(self) -> SessionPersistence | None:
-        return self._runtime.persistence
+        return self._services.persistence
 
     @property
     def agents(self) -> AgentsService:
-        from ._agents import AgentsService
-
-        return AgentsService(self)
+        return AgentsService(self, self._services, self._supervisor)
 
     @property
     def agent_loop(self) -> AgentLoopService:
-        from ._agents import AgentLoopService
-
-        return AgentLoopService(self)
+        return AgentLoopService(self, self._services, self._supervisor)
 
     @property
     def sessions(self) -> SessionsService:
-        from ._agents import SessionsService
-
-        return SessionsService(self._runtime)
+        return SessionsService(self._services, self._supervisor)
 
     @property
     def subagents(self) -> SubagentsService:
-        from ._subagents import SubagentsService
-
-        return SubagentsService(self)
+        return SubagentsService(self, self._services, self._supervisor)
 
     @property
     def jobs(self) -> JobsService:
-        from ._subagents import JobsService
-
-        return JobsService(self)
+        return JobsService(self, self._services, self._supervisor)
 
     @property
     def invariants(self) -> Any:
         """The invariant companion, when the ``invariants`` plugin is loaded (else ``None``)."""
-        return self._runtime.services.get("invariants")
+        return self._services.named.get("invariants")
 
     def provide(self, name: str, service: object) -> Disposer:
         """Make ``service`` reachable from every scope as ``ctx.<name>`` (for the names the
         runtime knows, e.g. ``invariants``) until this scope closes."""
-        services = self._runtime.services
+        services = self._services.named
         if name in services:
             raise ValueError(f"a {name!r} service is already provided")
         services[name] = service
@@ -336,7 +327,7 @@ class Context:
 
     def provide_persistence(self, backend: SessionPersistence) -> Disposer:
         """Install a session-persistence backend for as long as this scope lives."""
-        return self.track(self._runtime.install_persistence(backend))
+        return self.track(self._services.install_persistence(backend))
 
     # --- ownership -----------------------------------------------------------------------
 
@@ -363,17 +354,21 @@ class Context:
 
         return Disposer(dispose)
 
-    def _own(self, handle: AgentHandle) -> None:
-        self._owned[id(handle)] = handle
-
-    def _disown(self, handle: AgentHandle) -> None:
-        self._owned.pop(id(handle), None)
+    def own(self, handle: AgentHandle) -> Disposer:
+        """Own ``handle``: this scope closes it (to quiescence) when it closes. The returned
+        ``Disposer`` lets go of it (its ``aclose`` does, once it is quiescent)."""
+        if self._closed:
+            raise ScopeClosed(f"{self!r} is closed; it cannot own agents")
+        key = id(handle)
+        self._owned[key] = handle
+        return Disposer(lambda: self._owned.pop(key, None) and None)
 
     def child(self, name: str, *, agent_id: str | None = None) -> Context:
         """A nested scope, closed with this one (or earlier)."""
         if self._closed:
             raise ScopeClosed(f"{self!r} is closed; it cannot create agents or scopes")
-        return Context(self._runtime, name=name, parent=self, agent_id=agent_id)
+        return Context(self._services, self._supervisor, name=name, parent=self,
+                       agent_id=agent_id)
 
     async def aclose(self) -> None:
         """Dispose owned agents (to quiescence), close child scopes, undo registrations."""

@@ -27,7 +27,7 @@ from ._events import AgentStatus, AgentTurnEnd, InboxClaimed, InboxDiscarded
 from ._json import FrozenDict, freeze
 from ._model import MessageId, SessionEvent
 from ._output import OutputSpec, output_spec, rebuild_output
-from ._util import NoPublicConstructor
+from ._util import NoPublicConstructor, construct
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -73,7 +73,13 @@ class RunResult:
 class RunControls:
     """The run-handle methods of :class:`agentloop.Agent` (``run``, ``ask``)."""
 
-    __slots__ = ()
+    __slots__ = ("_run_bus", "_run_outputs")
+
+    def __init__(self, bus: EventBus, outputs: dict[str, OutputSpec]) -> None:
+        # What a run needs of its agent: the bus its dispatcher listens on, and where a run
+        # leaves its message's output spec for the turn that claims the message.
+        self._run_bus = bus
+        self._run_outputs = outputs
 
     def run(
         self, content: object, *, source: object = None, output_type: object = None
@@ -95,7 +101,7 @@ class RunControls:
         """
         agent: Agent = self  # type: ignore[assignment]  # only Agent mixes this in
         spec = None if output_type is None else output_spec(output_type)
-        return Run._create(agent, content, source, output_type, spec)
+        return construct(Run, agent, content, source, output_type, spec)
 
     async def ask(
         self, content: object, *, source: object = None, output_type: object = None
@@ -289,7 +295,7 @@ class Run(metaclass=NoPublicConstructor):
         self._output_spec = output_spec
         self._content = content
         self._source = source
-        self._dispatch = _dispatch(agent._rt.bus)
+        self._dispatch = _dispatch(agent._run_bus)
         self._message_id: MessageId | None = None
         self._entered = False
         self._turn: int | None = None
@@ -342,7 +348,7 @@ class Run(metaclass=NoPublicConstructor):
             raise
         if self._output_spec is not None:
             # Set before any checkpoint, so the turn that claims the message sees it.
-            agent._outputs[mid] = self._output_spec
+            agent._run_outputs[mid] = self._output_spec
         if any(m.id == mid for m in agent.inbox.next_turn):
             dispatch.pending[mid] = self
         else:
@@ -393,7 +399,7 @@ class Run(metaclass=NoPublicConstructor):
             return
         self._terminal = True
         if self._message_id is not None:
-            self._agent._outputs.pop(self._message_id, None)
+            self._agent._run_outputs.pop(self._message_id, None)
         if self._turn is None:
             self._dropped = dropped or "aborted"
         self._dispatch.forget(self)

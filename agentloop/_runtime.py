@@ -7,143 +7,28 @@ import importlib
 import inspect
 import logging
 import os
-import socket
-import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
 
 import trio
 
-from ._agents import Supervisor, dispose
-from ._bus import Disposer, EventBus
+from ._agent import CLOSE_GRACE
+from ._agents import Supervisor, fresh_session_id
 from ._config import Config, load_config
 from ._context import Context
-from ._errors import ConfigError, PersistenceError, RuntimeClosed
-from ._events import (
-    Event,
-    PluginFailed,
-    SessionEventAppended,
-    SessionFlush,
-)
+from ._errors import ConfigError, PersistenceError
+from ._events import PluginFailed
 from ._http import open_shared_client
 from ._json import FrozenDict
-from ._llm import LLMService, SystemPrompt
 from ._model import AgentOptions
-from ._settings import Settings, flatten_settings
-from ._tools import ToolRegistry
+from ._services import Services
 
-if TYPE_CHECKING:
-    from ._agent import Agent
-    from ._agents import LeaseClaim
-    from ._persistence import SessionPersistence
-    from ._session import Session
-
-__all__ = ["open_runtime", "Runtime", "Plugin"]
+__all__ = ["open_runtime", "Plugin"]
 
 log = logging.getLogger("agentloop")
 
 Plugin = Callable[..., Any]
 """``async def plugin(ctx, task_status=trio.TASK_STATUS_IGNORED)``."""
-
-
-class Runtime:
-    """The supervisor: sole writer of the agent and session registries."""
-
-    def __init__(self, config: Config) -> None:
-        self.config = config
-        self.bus = EventBus()
-        self.settings = Settings(self.bus, flatten_settings(config.settings))
-        self.llm = LLMService(self.bus)
-        self.tools = ToolRegistry()
-        self.prompt = SystemPrompt(config.system_prompt)
-        self.agents: dict[str, Agent] = {}
-        self.sessions: dict[str, Session] = {}
-        self.persistence: SessionPersistence | None = None
-        # Runtime-wide services plugins provide by name (``ctx.invariants``), each owned by
-        # the providing scope.
-        self.services: dict[str, object] = {}
-        # Session ids whose persistence lease this runtime holds or is acquiring, with the
-        # token of the holder: one live driver per session, arbitrated before the store.
-        self.leases: dict[str, LeaseClaim] = {}
-        self.owner_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._closing = False
-        self._inflight = 0
-        self._inflight_done = trio.Event()
-        self._inflight_done.set()
-        self.system_nursery: trio.Nursery
-        self.supervisor = Supervisor(self)
-        self.root: Context
-
-    def emit(self, event: Event) -> None:
-        if self.bus.has_listeners(type(event)):
-            self.bus.emit_nowait(event)
-
-    # --- admission of new agents ---------------------------------------------------------
-
-    def check_open(self) -> None:
-        if self._closing:
-            raise RuntimeClosed("the runtime is shutting down; no new agents can be created")
-
-    @contextlib.contextmanager
-    def inflight(self) -> Iterator[None]:
-        """Mark a create/resume in progress; shutdown waits for it to settle."""
-        self._inflight += 1
-        if self._inflight == 1:
-            self._inflight_done = trio.Event()
-        try:
-            yield
-        finally:
-            self._inflight -= 1
-            if self._inflight == 0:
-                self._inflight_done.set()
-
-    # --- persistence ---------------------------------------------------------------------
-
-    def install_persistence(self, backend: SessionPersistence) -> Disposer:
-        if self.persistence is not None:
-            raise PersistenceError("a session-persistence backend is already installed")
-        self.persistence = backend
-        on_append = self.bus.on(
-            SessionEventAppended, lambda e: backend.append(e.session_id, e.event)
-        )
-
-        async def on_flush(e: SessionFlush) -> None:
-            await backend.flush(e.session_id, e.seq)
-
-        on_flush_d = self.bus.on(SessionFlush, on_flush)
-
-        def uninstall() -> None:
-            on_append()
-            on_flush_d()
-            if self.persistence is backend:
-                self.persistence = None
-
-        return Disposer(uninstall)
-
-    async def attach_persistence(self, agent: Agent) -> None:
-        """Run by the driver of a synchronously created agent (``agent_loop.create``, which
-        cannot await) before anything else: take the lease and store the new session."""
-        backend = self.persistence
-        if backend is None:
-            return
-        session = agent.session
-        if agent._needs_lease:
-            await backend.acquire(session.id, self.owner_id)
-        await backend.create(session.id, session.meta)
-        for event in session.events:
-            backend.append(session.id, event)
-
-    async def release_persistence(self, agent: Agent) -> None:
-        backend = self.persistence
-        if agent._lease is None or self.leases.get(agent.id) is not agent._lease:
-            return  # never held it: a loser must not release the winner's lease
-        try:
-            if backend is not None:
-                await backend.release(agent.id, self.owner_id)
-        except Exception:
-            log.exception("agent %s: releasing the session lease failed", agent.id)
-        finally:
-            del self.leases[agent.id]
 
 
 def _resolve_plugin(spec: object) -> tuple[str, Plugin]:
@@ -181,7 +66,7 @@ class _StartedOnce:
 
 
 async def _run_plugin(
-    rt: Runtime, name: str, plugin: Plugin, ctx: Context, scope: trio.CancelScope,
+    rt: Services, name: str, plugin: Plugin, ctx: Context, scope: trio.CancelScope,
     *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     status = _StartedOnce(task_status)
@@ -204,7 +89,7 @@ async def _run_plugin(
         if not fatal:
             log.error("plugin %s failed and was unloaded: %r", name, exc, exc_info=exc)
             rt.emit(PluginFailed(name, exc))
-        with trio.move_on_after(30, shield=True):
+        with trio.move_on_after(CLOSE_GRACE, shield=True):
             await ctx.aclose()
         if fatal:
             raise
@@ -238,9 +123,9 @@ async def open_runtime(
         if not any(s in (backend, f"agentloop_{backend}") for s in specs if isinstance(s, str)):
             specs.insert(0, backend)
     resolved = [_resolve_plugin(s) for s in specs]
-    rt = Runtime(cfg)
+    services = Services(cfg)
     try:
-        async with _supervised(rt, resolved, cfg) as root:
+        async with _supervised(services, Supervisor(services), resolved, cfg) as root:
             yield root
     except BaseExceptionGroup as group:
         # The runtime's nurseries are an implementation detail: one failure is one exception.
@@ -262,12 +147,12 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
 
 @contextlib.asynccontextmanager
 async def _supervised(
-    rt: Runtime, resolved: list[tuple[str, Plugin]], cfg: Config
+    services: Services, supervisor: Supervisor, resolved: list[tuple[str, Plugin]], cfg: Config
 ) -> AsyncIterator[Context]:
     async with open_shared_client(), trio.open_nursery() as system:
-        rt.system_nursery = system
-        await system.start(rt.supervisor.run, name="agentloop.supervisor")
-        root = rt.root = Context(rt, name="root")
+        services.system_nursery = system
+        await system.start(supervisor.run, name="agentloop.supervisor")
+        root = Context(services, supervisor, name="root")
         loaded: list[tuple[Context, trio.CancelScope]] = []
         try:
             _register_providers(root, cfg)
@@ -275,29 +160,29 @@ async def _supervised(
                 ctx = root.child(f"plugin:{name}")
                 scope = trio.CancelScope()
                 loaded.append((ctx, scope))
-                await system.start(_run_plugin, rt, name, plugin, ctx, scope,
+                await system.start(_run_plugin, services, name, plugin, ctx, scope,
                                    name=f"agentloop.plugin:{name}")
-            await _start_configured_agents(root, cfg)
+            await _start_configured_agents(services, root, cfg)
             yield root
         finally:
             with trio.CancelScope(shield=True):
-                await _shutdown(rt, root, loaded)
+                await _shutdown(services, supervisor, root, loaded)
             system.cancel_scope.cancel()
 
 
 async def _shutdown(
-    rt: Runtime, root: Context, loaded: list[tuple[Context, trio.CancelScope]]
+    services: Services, supervisor: Supervisor, root: Context,
+    loaded: list[tuple[Context, trio.CancelScope]],
 ) -> None:
-    rt._closing = True
-    await rt._inflight_done.wait()
+    await services.close_admission()
     async with trio.open_nursery() as nursery:
-        for agent in list(rt.agents.values()):
-            nursery.start_soon(dispose, agent)
+        for agent in supervisor.all_agents():
+            nursery.start_soon(supervisor.dispose, agent)
     for ctx, scope in reversed(loaded):
         scope.cancel()
         await ctx.aclose()
     await root.aclose()
-    rt.supervisor.close()
+    supervisor.close()
 
 
 def _register_providers(root: Context, cfg: Config) -> None:
@@ -326,10 +211,7 @@ def _register_providers(root: Context, cfg: Config) -> None:
         root.llm.register(name, adapter)
 
 
-async def _start_configured_agents(root: Context, cfg: Config) -> None:
-    from ._agents import fresh_session_id
-
-    rt = root._runtime
+async def _start_configured_agents(services: Services, root: Context, cfg: Config) -> None:
     for agent_cfg in cfg.agents:
         provider_cfg = cfg.providers.get(agent_cfg.provider) if agent_cfg.provider else None
         options = AgentOptions(
@@ -346,7 +228,7 @@ async def _start_configured_agents(root: Context, cfg: Config) -> None:
                 resume_session_id=agent_cfg.resume_session_id, agent_options=options
             )
         elif agent_cfg.session_id:
-            backend = rt.persistence
+            backend = services.persistence
             if backend is not None and await backend.exists(agent_cfg.session_id):
                 await root.agents.resume(
                     resume_session_id=agent_cfg.session_id, agent_options=options

@@ -15,12 +15,14 @@ import json
 import math
 from collections import deque
 from collections.abc import Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
 from . import _log
+from ._approvals import Answer, Approvals, expired_answer
 from ._errors import InvalidContent
 from ._events import (
     Allow,
@@ -40,24 +42,15 @@ from ._settings import APPROVAL_TIMEOUT, MAX_PARALLEL_TOOL_CALLS
 from ._tools import Tool
 
 if TYPE_CHECKING:
-    from ._agent import Agent
+    from ._services import Services
 
 __all__ = [
-    "run_tool_calls", "run_suspended_calls", "close_unanswered", "Answer",
+    "run_tool_calls", "run_suspended_calls", "close_unanswered", "ToolRunner",
     "ABORTED_BEFORE_DISPATCH",
 ]
 
 ABORTED_BEFORE_DISPATCH = "ABORTED_BEFORE_DISPATCH"
 _ABORTED_TEXT = "tool call aborted before dispatch"
-
-
-@attrs.frozen(slots=True)
-class Answer:
-    """Someone's answer to a parked call: approve, deny (with a reason), or abort (cancel)."""
-
-    approved: bool
-    reason: str | None = None
-    abort: bool = False
 
 
 @attrs.define(slots=True, eq=False)
@@ -75,13 +68,27 @@ class _Slot:
     deferred: bool = False  # was parked: its result is published whenever it is ready
 
 
+@attrs.frozen(slots=True, eq=False)
+class ToolRunner:
+    """What one agent's tool runs are given: its services, log, approvals, and whether it is
+    being disposed (parked calls then stay pending for a resume)."""
+
+    services: Services
+    session: Session
+    agent_id: str
+    approvals: Approvals
+    stopping: Callable[[], bool]
+
+
 class _Run:
     def __init__(
-        self, agent: Agent, turn: int, calls: Sequence[ToolCall], *, parked: bool = False
+        self, runner: ToolRunner, turn: int, calls: Sequence[ToolCall], *, parked: bool = False
     ) -> None:
-        self.agent = agent
-        self.rt = agent._rt
-        self.session = agent.session
+        self.runner = runner
+        self.rt = runner.services
+        self.session = runner.session
+        self.agent_id = runner.agent_id
+        self.approvals = runner.approvals
         self.turn = turn
         # Calls that were parked in an earlier turn start parked, already logged.
         self.slots = [
@@ -119,11 +126,11 @@ class _Run:
         assert tool is not None
         assert slot.arguments is not None
         if bus.has_handlers(ToolPreExecute):
-            decision = await bus.emit(ToolPreExecute(self.agent.id, call, tool.spec))
+            decision = await bus.emit(ToolPreExecute(self.agent_id, call, tool.spec))
             if isinstance(decision, Ask):
                 answer = None
                 if bus.has_handlers(ToolApproval):
-                    answer = await bus.emit(ToolApproval(self.agent.id, call, decision.prompt))
+                    answer = await bus.emit(ToolApproval(self.agent_id, call, decision.prompt))
                 if isinstance(answer, Deny):
                     slot.result = ToolResult.error("DENIED", f"call denied: {answer.reason}")
                     return
@@ -137,7 +144,7 @@ class _Run:
 
     def _check(self, slot: _Slot) -> bool:
         """Look the tool up and validate the arguments; False (with a result) when it fails."""
-        call, agent_id = slot.call, self.agent.id
+        call, agent_id = slot.call, self.agent_id
         tool = self.rt.tools.lookup(call.name, agent_id)
         if tool is None:
             names = ", ".join(t.name for t in self.rt.tools.visible(agent_id)) or "none"
@@ -184,7 +191,7 @@ class _Run:
         call, tool, arguments = slot.call, slot.tool, slot.arguments
         assert tool is not None
         assert arguments is not None
-        for policy in self.rt.tools.guards_for(self.agent.id):
+        for policy in self.rt.tools.guards_for(self.agent_id):
             verdict = policy(call, tool)
             if inspect.isawaitable(verdict):
                 verdict = await verdict
@@ -205,7 +212,7 @@ class _Run:
         )
         slot.parked = slot.deferred = True
         self.parked += 1
-        self.agent._parked_since[slot.call.id] = trio.current_time()
+        self.approvals.park(slot.call.id, trio.current_time())
 
     def _timeout(self) -> float | None:
         value: float | None = self.rt.settings.get(APPROVAL_TIMEOUT)
@@ -215,9 +222,10 @@ class _Run:
         timeout = self._timeout() if self.parked else None
         if timeout is None:
             return math.inf
-        since = self.agent._parked_since
+        approvals = self.approvals
         return min(
-            (since.get(s.call.id, math.inf) + timeout for s in self.slots if s.parked),
+            (approvals.parked_since(s.call.id, math.inf) + timeout
+             for s in self.slots if s.parked),
             default=math.inf,
         )
 
@@ -225,7 +233,7 @@ class _Run:
         """Apply the answers given so far (and expired approvals); True if any applied."""
         if not self.parked:
             return False
-        answers, since = self.agent._answers, self.agent._parked_since
+        approvals = self.approvals
         timeout = self._timeout()
         now = trio.current_time()
         took = False
@@ -233,15 +241,16 @@ class _Run:
             if not slot.parked:
                 continue
             call_id = slot.call.id
-            answer = answers.pop(call_id, None)
-            if answer is None and timeout is not None and now >= since.get(call_id, now) + timeout:
-                answer = Answer(False, f"no answer to the approval request within {timeout} s")
+            answer = approvals.take(call_id)
+            if answer is None and timeout is not None \
+                    and now >= approvals.parked_since(call_id, now) + timeout:
+                answer = expired_answer(timeout)
             if answer is None:
                 continue
             took = True
             slot.parked = False
             self.parked -= 1
-            since.pop(call_id, None)
+            approvals.unpark(call_id)
             if answer.abort:
                 slot.result = ToolResult.error(ABORTED_BEFORE_DISPATCH, _ABORTED_TEXT)
                 continue
@@ -274,7 +283,7 @@ class _Run:
     async def _emit(self, slot: _Slot, *, hooks: bool = True) -> None:
         result = slot.result
         assert result is not None
-        call, bus, agent_id = slot.call, self.rt.bus, self.agent.id
+        call, bus, agent_id = slot.call, self.rt.bus, self.agent_id
         if hooks and bus.has_handlers(ToolPostExecute):
             result = await bus.emit(ToolPostExecute(agent_id, call, result))
         self._append_result(slot, result)
@@ -331,7 +340,7 @@ class _Run:
         try:
             result: ToolResult | None = None
             if bus.has_handlers(ToolExecute):
-                result = await bus.emit(ToolExecute(self.agent.id, slot.call, slot.arguments))
+                result = await bus.emit(ToolExecute(self.agent_id, slot.call, slot.arguments))
             if result is None:
                 if tool.timeout is not None:
                     with trio.move_on_after(tool.timeout) as timer:
@@ -384,7 +393,7 @@ class _Run:
             # Waiting only for a person: the agent counts as settled for wait_idle().
             blocked = self.in_flight == 0 and not self.ready and self.parked > 0
             if blocked:
-                self.agent._set_blocked(True)
+                self.approvals.set_blocked(True)
             try:
                 deadline = self._deadline()
                 if deadline == math.inf:
@@ -394,13 +403,13 @@ class _Run:
                         await self.changed.wait()
             finally:
                 if blocked:
-                    self.agent._set_blocked(False)
+                    self.approvals.set_blocked(False)
             self._take_answers()
         await self._emit_ready()
 
     async def run(self) -> None:
         failure: Exception | None = None
-        self.agent._parked_run = self
+        self.approvals.waiter = self
         try:
             async with trio.open_nursery() as nursery:
                 try:
@@ -413,7 +422,7 @@ class _Run:
             self._abort_rest()
             raise
         finally:
-            self.agent._parked_run = None
+            self.approvals.waiter = None
         if failure is not None:
             self._abort_rest()
             raise failure
@@ -465,7 +474,7 @@ class _Run:
         At a disposal, calls still awaiting approval are left without a result: the turn
         ends ``suspended`` and they are pending again once the session is resumed.
         """
-        keep_parked = self.agent._stopping()
+        keep_parked = self.runner.stopping()
         for slot in self.slots:
             if slot.emitted:
                 continue
@@ -534,18 +543,19 @@ def _to_result(value: object) -> ToolResult:
     return ToolResult(text)
 
 
-async def run_tool_calls(agent: Agent, turn: int, calls: Sequence[ToolCall]) -> int:
+async def run_tool_calls(runner: ToolRunner, turn: int, calls: Sequence[ToolCall]) -> int:
     """Run one step's calls; returns the peak number of calls that ran at once."""
-    run = _Run(agent, turn, calls)
+    run = _Run(runner, turn, calls)
     await run.run()
     return run.peak
 
 
-async def run_suspended_calls(agent: Agent, turn: int) -> None:
+async def run_suspended_calls(runner: ToolRunner, turn: int) -> None:
     """Answer the calls a suspended turn left awaiting approval: approved ones run (tool and
     arguments taken from the log), denied ones get ``DENIED``, unanswered ones park again."""
-    calls = [ToolCall(p.call_id, p.name, p.arguments) for p in agent.session.awaiting_approval]
+    pending = runner.session.awaiting_approval
+    calls = [ToolCall(p.call_id, p.name, p.arguments) for p in pending]
     if calls:
-        await _Run(agent, turn, calls, parked=True).run()
+        await _Run(runner, turn, calls, parked=True).run()
 
 

@@ -20,7 +20,8 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING, Any, Final, Literal, final
+from collections.abc import Callable
+from typing import Any, Final, Literal, final
 
 import attrs
 import trio
@@ -30,14 +31,14 @@ from ._agents import (
     MAX_CHILDREN,
     MAX_DEPTH,
     AgentHandle,
-    LeaseClaim,
+    Creation,
+    Scope,
     Setup,
     SubagentLimitExceeded,
+    Supervisor,
     _check_id,
     _freeze_meta,
     _seed_events,
-    _transaction,
-    dispose,
     subagent_limit,
 )
 from ._bus import Disposer
@@ -46,12 +47,9 @@ from ._events import SessionCreated, SessionDisposed, SessionEventAppended
 from ._json import FrozenDict
 from ._model import AgentOptions, Content, SessionEvent
 from ._run import RunResult
+from ._services import LeaseClaim, Services
 from ._session import Session, recover_crashed_turn
-from ._util import NoPublicConstructor
-
-if TYPE_CHECKING:
-    from ._context import Context
-    from ._runtime import Runtime
+from ._util import NoPublicConstructor, construct
 
 __all__ = [
     "Job", "JobCancelled", "JobFailed", "JobStatus", "JobsService", "SubagentsService",
@@ -77,15 +75,17 @@ class JobFailed(AgentLoopError):  # noqa: N818 - reads as a state
 # --- lineage --------------------------------------------------------------------------------
 
 
-def _parent_of(ctx: Context) -> Agent | None:
-    """The agent a call through ``ctx`` is made on behalf of, if any."""
-    rt = ctx._runtime
-    if ctx.agent_id is not None:
-        found = rt.agents.get(ctx.agent_id) or rt.supervisor.preparing.get(ctx.agent_id)
-        if found is not None:
-            return found
+def _parent_of(supervisor: Supervisor, ctx: Scope) -> Agent | None:
+    """The agent a call through ``ctx`` is made on behalf of, if any: the agent whose own
+    scope it is (live or in its setup: never a same-id contender's), else the agent whose
+    task makes the call."""
+    found = supervisor.agent_of(ctx)
+    if found is None and ctx.agent_id is not None:
+        found = supervisor.agents.get(ctx.agent_id)
+    if found is not None:
+        return found
     agent = current_agent()
-    if agent is not None and agent._rt is rt:
+    if agent is not None and supervisor.scope_of(agent) is not None:
         return agent
     return None
 
@@ -111,34 +111,36 @@ def _depth(agent: Agent) -> int:
 
 
 async def _spawn(
-    ctx: Context,
+    services: Services,
+    supervisor: Supervisor,
+    ctx: Scope,
     *,
     agent_options: AgentOptions | None,
     setup: Setup | None,
     session_id: str | None,
     seed: Sequence[Any] | None,
     meta: Mapping[str, Any] | None,
-) -> tuple[AgentHandle, Agent | None, Context]:
-    rt: Runtime = ctx._runtime
-    rt.check_open()
-    parent = _parent_of(ctx)
+) -> tuple[AgentHandle, Agent | None, Scope]:
+    services.check_open()
+    parent = _parent_of(supervisor, ctx)
     if parent is None and ctx.agent_id is not None:
         raise AgentDisposed(f"agent {ctx.agent_id!r} is gone; it cannot start sub-agents")
     owner = ctx
     lineage: dict[str, Any] = dict(meta or {})
     if parent is not None:
-        if parent._disposing or parent.ctx is None or parent.ctx.closing:
+        scope = supervisor.scope_of(parent)
+        if supervisor.disposing(parent) or scope is None or scope.closing:
             raise AgentDisposed(f"agent {parent.id!r} is disposed; it cannot start sub-agents")
-        owner = parent.ctx
+        owner = scope
         depth = _depth(parent) + 1
-        max_depth = subagent_limit(rt, MAX_DEPTH)
+        max_depth = subagent_limit(services, MAX_DEPTH)
         if depth > max_depth:
             raise SubagentLimitExceeded(
                 f"a sub-agent of {parent.id!r} would be at depth {depth}, beyond "
                 f"{MAX_DEPTH} = {max_depth}; do the task here instead of delegating it"
             )
-        max_children = subagent_limit(rt, MAX_CHILDREN)
-        if len(rt.supervisor.children.get(parent.id, ())) >= max_children:
+        max_children = subagent_limit(services, MAX_CHILDREN)
+        if len(supervisor.children.get(parent.id, ())) >= max_children:
             raise SubagentLimitExceeded(
                 f"agent {parent.id!r} already has {max_children} live sub-agents "
                 f"({MAX_CHILDREN} = {max_children}); wait for one to finish or close one"
@@ -156,10 +158,9 @@ async def _spawn(
             agent_options = parent.options
     sid = session_id if session_id is not None else f"sub-{uuid.uuid4().hex[:16]}"
     _check_id(sid)
-    handle = await _transaction(
-        owner, sid, _freeze_meta(lineage), _seed_events(seed), agent_options, setup,
-        resumed=False, parent=parent,
-    )
+    handle = await Creation(
+        services, supervisor, owner, sid, agent_options, setup, resumed=False, parent=parent,
+    ).run(_freeze_meta(lineage), _seed_events(seed))
     return handle, parent, owner
 
 
@@ -167,7 +168,8 @@ async def _spawn(
 
 
 async def _answer(
-    agent: Agent, content: Content, parent: Agent | None, output_type: object = None
+    handle: AgentHandle, content: Content, parent_lives: Callable[[], bool],
+    output_type: object = None,
 ) -> RunResult:
     """Run ``content`` as the child's next turn and return how it ended.
 
@@ -179,17 +181,18 @@ async def _answer(
     Raises:
         TurnFailed: the child's turn ended with reason ``error``.
     """
+    agent = handle.agent
     async with agent.run(content, output_type=output_type) as run:
         try:
             return await run.result()
         except trio.Cancelled:
             with trio.move_on_after(CLOSE_GRACE, shield=True):
-                if parent is not None and not parent._disposing:
+                if parent_lives():
                     agent.cancel("parent")
                     with contextlib.suppress(TurnFailed):
                         await run.result()
                 else:
-                    await dispose(agent)
+                    await handle.aclose()
             raise
 
 
@@ -204,8 +207,10 @@ class SubagentsService:
     :class:`agentloop.SubagentLimitExceeded`, which a tool turns into an error result.
     """
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Scope, services: Services, supervisor: Supervisor) -> None:
         self._ctx = ctx
+        self._services = services
+        self._supervisor = supervisor
 
     async def spawn(
         self,
@@ -229,7 +234,7 @@ class SubagentsService:
         """
         frozen = _freeze_content(content) if content is not None else None
         handle, _, _ = await _spawn(
-            self._ctx, agent_options=agent_options, setup=setup, session_id=session_id,
+            self._services, self._supervisor, self._ctx, agent_options=agent_options, setup=setup, session_id=session_id,
             seed=seed, meta=meta,
         )
         if frozen is not None:
@@ -257,11 +262,15 @@ class SubagentsService:
         """
         frozen = _freeze_content(content)
         handle, parent, _ = await _spawn(
-            self._ctx, agent_options=agent_options, setup=setup, session_id=session_id,
+            self._services, self._supervisor, self._ctx, agent_options=agent_options, setup=setup, session_id=session_id,
             seed=seed, meta=None,
         )
         try:
-            return await _answer(handle.agent, frozen, parent, output_type)
+            supervisor = self._supervisor
+            return await _answer(
+                handle, frozen,
+                lambda: parent is not None and not supervisor.disposing(parent), output_type,
+            )
         finally:
             with trio.move_on_after(CLOSE_GRACE, shield=True):
                 await handle.aclose()
@@ -286,7 +295,7 @@ class SubagentsService:
         """
         root = session_id
         if root is None:
-            parent = _parent_of(self._ctx)
+            parent = _parent_of(self._supervisor, self._ctx)
             if parent is None:
                 raise ValueError("subscribe_tree() outside an agent needs the session_id of "
                                  "the tree's root")
@@ -295,15 +304,15 @@ class SubagentsService:
 
     @asynccontextmanager
     async def _tree(self, root: str) -> AsyncIterator[trio.MemoryReceiveChannel[TreeEvent]]:
-        rt = self._ctx._runtime
+        bus = self._services.bus
         tx, rx = trio.open_memory_channel[TreeEvent](math.inf)
         # Plain handlers run at the moment of each append, so the snapshot of who is in the
         # tree and the first delivery happen in one synchronous step, with no gap.
-        tree = _Tree(rt, root, tx)
+        tree = _Tree(self._supervisor, root, tx)
         offs = (
-            rt.bus.on(SessionEventAppended, tree.appended),
-            rt.bus.on(SessionCreated, tree.created),
-            rt.bus.on(SessionDisposed, tree.disposed),
+            bus.on(SessionEventAppended, tree.appended),
+            bus.on(SessionCreated, tree.created),
+            bus.on(SessionDisposed, tree.disposed),
         )
 
         def stop() -> None:
@@ -333,14 +342,15 @@ class Job(metaclass=NoPublicConstructor):
     """
 
     __slots__ = (
-        "_content", "_deliver", "_done", "_error", "_handle", "_owner", "_parent",
+        "_content", "_deliver", "_done", "_error", "_handle", "_jobs", "_owner", "_parent",
         "_result", "_scope", "id", "session_id", "status",
     )
 
     def __init__(
         self, job_id: str, session_id: str, handle: AgentHandle | None, content: Content,
-        owner: Context, parent: Agent | None, *, deliver: bool,
+        owner: Scope, parent: Agent | None, *, deliver: bool, jobs: dict[str, Job],
     ) -> None:
+        self._jobs = jobs  # the runtime's registry of jobs, which this job leaves with its owner
         self.id: Final = job_id
         self.session_id: Final = session_id
         self.status: JobStatus = "running"
@@ -406,11 +416,10 @@ class Job(metaclass=NoPublicConstructor):
 
     async def _watch(self) -> None:
         assert self._handle is not None
-        agent = self._handle.agent
         try:
             with self._scope:
                 try:
-                    outcome = await _answer(agent, self._content, None)
+                    outcome = await _answer(self._handle, self._content, lambda: False)
                 except Exception as exc:  # noqa: BLE001 - a job's failure is its status
                     self._finish("failed", error=exc)
                 else:
@@ -433,7 +442,7 @@ class Job(metaclass=NoPublicConstructor):
         """The owner closes: the job dies with it and leaves the registry."""
         self._finish("cancelled", error=JobCancelled(f"job {self.id!r} died with its owner"))
         self._scope.cancel()
-        jobs = self._owner._runtime.supervisor.jobs
+        jobs = self._jobs
         if jobs.get(self.id) is self:
             del jobs[self.id]
 
@@ -441,12 +450,15 @@ class Job(metaclass=NoPublicConstructor):
 class JobsService:
     """``ctx.jobs``: background sub-agents owned by the agent (or context) that starts them."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Scope, services: Services, supervisor: Supervisor) -> None:
         self._ctx = ctx
+        self._services = services
+        self._supervisor = supervisor
 
-    def _owner(self) -> Context:
-        parent = _parent_of(self._ctx)
-        return parent.ctx if parent is not None and parent.ctx is not None else self._ctx
+    def _owner(self) -> Scope:
+        parent = _parent_of(self._supervisor, self._ctx)
+        scope = self._supervisor.scope_of(parent) if parent is not None else None
+        return scope if scope is not None else self._ctx
 
     async def start(
         self,
@@ -469,7 +481,7 @@ class JobsService:
             SubagentLimitExceeded, AgentDisposed, InvalidContent: as ``subagents.spawn``.
         """
         frozen: Content = _freeze_content(content)
-        if deliver and _parent_of(self._ctx) is None:
+        if deliver and _parent_of(self._supervisor, self._ctx) is None:
             raise ValueError("deliver=True needs an owning agent: start the job from one of "
                              "its tools, hooks or its setup")
         # The id is in the child's meta, so a resumed owner can still answer for the job
@@ -481,33 +493,34 @@ class JobsService:
         if deliver:
             meta["job_deliver"] = True
         handle, parent, owner = await _spawn(
-            self._ctx, agent_options=agent_options, setup=setup, session_id=session_id,
+            self._services, self._supervisor, self._ctx, agent_options=agent_options, setup=setup, session_id=session_id,
             seed=None, meta=meta,
         )
-        rt = self._ctx._runtime
-        job = Job._create(
-            job_id, handle.agent.id, handle, frozen, owner, parent, deliver=deliver
+        jobs = self._supervisor.jobs
+        job = construct(
+            Job, job_id, handle.agent.id, handle, frozen, owner, parent, deliver=deliver,
+            jobs=jobs,
         )
-        rt.supervisor.jobs[job.id] = job
+        jobs[job.id] = job
         try:
             owner.track(Disposer(job._abandon))
         except ScopeClosed:
             # The owner closed during creation: the child is already being disposed with it.
             job._abandon()
-        nursery = parent._nursery if parent is not None and parent._nursery is not None \
-            else rt.system_nursery
+        nursery = self._supervisor.nursery_for(parent) if parent is not None \
+            else self._services.system_nursery
         nursery.start_soon(job._watch, name=f"agentloop.job:{job.id}")
         return job
 
     def get(self, job_id: str) -> Job | None:
         """This owner's job with this id, or ``None``."""
-        job = self._ctx._runtime.supervisor.jobs.get(job_id)
+        job = self._supervisor.jobs.get(job_id)
         return job if job is not None and job._owner is self._owner() else None
 
     def list(self) -> list[Job]:
         """This owner's jobs, oldest first (finished ones stay until the owner closes)."""
         owner = self._owner()
-        return [j for j in self._ctx._runtime.supervisor.jobs.values() if j._owner is owner]
+        return [j for j in self._supervisor.jobs.values() if j._owner is owner]
 
 
 # --- crash recovery of a resumed parent's tree ----------------------------------------------
@@ -515,7 +528,9 @@ class JobsService:
 _LOST: Final = "the process running it stopped before it finished (a crash); start it again"
 
 
-async def recover_children(parent: Agent) -> list[Job]:
+async def recover_children(
+    services: Services, supervisor: Supervisor, parent: Agent, scope: Scope
+) -> list[Callable[[Agent], None]]:
     """Close the turns a crash left open in ``parent``'s stored descendants, and give the
     resumed parent its jobs back; the jobs whose answer is still owed to it.
 
@@ -526,13 +541,11 @@ async def recover_children(parent: Agent) -> list[Job]:
     ``meta`` has a ``job_id`` becomes a finished :class:`Job` of the parent again: ``failed``
     when the crash cut it short, else the status its last turn ended with. A job started
     with ``deliver=True`` that the crash cut short is returned: its failure is delivered
-    once the parent is published.
+    once the parent is published (the returned callables deliver it).
     """
-    rt = parent._rt
-    backend = rt.persistence
-    scope = parent.ctx
-    undelivered: list[Job] = []
-    if backend is None or scope is None:
+    backend = services.persistence
+    undelivered: list[Callable[[Agent], None]] = []
+    if backend is None:
         return undelivered
     try:
         infos = await backend.list()
@@ -553,21 +566,22 @@ async def recover_children(parent: Agent) -> list[Job]:
             continue  # a meta loop can only come from hand-edited stores
         seen.add(sid)
         queue.extend(below.get(sid, ()))
-        recovered = await _recover_one(parent, sid)
+        recovered = await _recover_one(services, parent, sid)
         if recovered is None:
             continue
         session, closed = recovered
         if session.meta.get("parent_session_id") == parent.id:
-            owed = _rebuild_job(parent, scope, session, closed=closed)
+            owed = _rebuild_job(supervisor.jobs, parent, scope, session, closed=closed)
             if owed is not None:
-                undelivered.append(owed)
+                undelivered.append(owed._deliver_to)
     return undelivered
 
 
-async def _recover_one(parent: Agent, session_id: str) -> tuple[Session, bool] | None:
+async def _recover_one(
+    rt: Services, parent: Agent, session_id: str
+) -> tuple[Session, bool] | None:
     """The stored session, its crashed turn closed and flushed, and whether this closed one;
     None when someone drives it or it cannot be read."""
-    rt = parent._rt
     backend = rt.persistence
     assert backend is not None
     if session_id in rt.leases:
@@ -607,13 +621,12 @@ async def _recover_one(parent: Agent, session_id: str) -> tuple[Session, bool] |
 
 
 def _rebuild_job(
-    parent: Agent, scope: Context, session: Session, *, closed: bool
+    jobs: dict[str, Job], parent: Agent, scope: Scope, session: Session, *, closed: bool
 ) -> Job | None:
     """The finished job of ``session`` listed again; returned when its failure is owed to
     the parent: a ``deliver=True`` job whose turn this resume found cut by a crash
     (``closed``), and so never delivered anything."""
     job_id = session.meta.get("job_id")
-    jobs = parent._rt.supervisor.jobs
     if not isinstance(job_id, str) or job_id in jobs:
         return None
     end: SessionEvent | None = None
@@ -626,7 +639,7 @@ def _rebuild_job(
             text = content if isinstance(content, str) else ""
         elif event.type == "turn/end":
             end = event
-    job = Job._create(job_id, session.id, None, "", scope, parent, deliver=False)
+    job = construct(Job, job_id, session.id, None, "", scope, parent, deliver=False, jobs=jobs)
     reason = end.data.get("reason") if end is not None else None
     if end is None or end.data.get("cause") == "crash":
         job._finish("failed", error=JobFailed(f"job {job_id!r} was lost: {_LOST}"))
@@ -681,10 +694,12 @@ def _lineage(meta: FrozenDict) -> tuple[str | None, int]:
 class _Tree:
     """The sessions one tree subscription follows, and how far each has been delivered."""
 
-    __slots__ = ("delivered", "live", "root", "rt", "tx")
+    __slots__ = ("delivered", "live", "root", "supervisor", "tx")
 
-    def __init__(self, rt: Runtime, root: str, tx: trio.MemorySendChannel[TreeEvent]) -> None:
-        self.rt, self.root, self.tx = rt, root, tx
+    def __init__(
+        self, supervisor: Supervisor, root: str, tx: trio.MemorySendChannel[TreeEvent]
+    ) -> None:
+        self.supervisor, self.root, self.tx = supervisor, root, tx
         self.live: dict[str, tuple[str | None, int]] = {}
         # Per session ever followed: the last seq delivered, so a session that leaves and
         # comes back (disposed, then resumed) is not delivered twice.
@@ -693,12 +708,12 @@ class _Tree:
         stack = [root]
         while stack:
             sid = stack.pop()
-            session = rt.sessions.get(sid)
+            session = supervisor.sessions.get(sid)
             if session is None:
                 continue
             self.live[sid] = _lineage(session.meta)
             self.delivered[sid] = session.last_seq
-            stack.extend(rt.supervisor.children.get(sid, ()))
+            stack.extend(supervisor.children.get(sid, ()))
 
     def appended(self, e: SessionEventAppended) -> None:
         lineage = self.live.get(e.session_id)
@@ -710,14 +725,14 @@ class _Tree:
     def _in_tree(self, parent: str | None) -> bool:
         # Up the lineage: a parent still in its setup (whose children are published before
         # it is) is not live yet, but is in the tree all the same.
-        rt, seen = self.rt, set()
+        supervisor, seen = self.supervisor, set()
         while parent is not None and parent not in seen:
             if parent == self.root or parent in self.live:
                 return True
             seen.add(parent)
-            session = rt.sessions.get(parent)
+            session = supervisor.sessions.get(parent)
             if session is None:
-                preparing = rt.supervisor.preparing.get(parent)
+                preparing = supervisor.preparing(parent)
                 if preparing is None:
                     return False
                 session = preparing.session
@@ -729,7 +744,7 @@ class _Tree:
         if e.session_id != self.root and not self._in_tree(parent):
             return
         self.live[e.session_id] = (parent, depth)
-        session = self.rt.sessions.get(e.session_id)
+        session = self.supervisor.sessions.get(e.session_id)
         if session is None:
             return
         # A session that joins after the subscription began is delivered from its first
@@ -745,3 +760,7 @@ class _Tree:
     def _send(self, item: TreeEvent) -> None:
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             self.tx.send_nowait(item)  # unbounded: never blocks, never drops
+
+
+# The creation transaction (a layer below) mends a resumed parent's tree through this.
+Creation.recover_children = recover_children

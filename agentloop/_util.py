@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-__all__ = ["NoPublicConstructor", "fixup_module_metadata"]
+__all__ = ["NoPublicConstructor", "construct", "fixup_module_metadata"]
 
 T = TypeVar("T")
 
@@ -23,6 +23,12 @@ class NoPublicConstructor(type):
 
     def _create(cls: type[T], *args: Any, **kwargs: Any) -> T:
         return super().__call__(*args, **kwargs)  # type: ignore[misc, no-any-return]
+
+
+def construct(cls: type[T], *args: Any, **kwargs: Any) -> T:
+    """Build an instance of a :class:`NoPublicConstructor` class: the runtime's way in."""
+    maker: Any = cls
+    return maker._create(*args, **kwargs)  # type: ignore[no-any-return]
 
 
 def fixup_module_metadata(module_name: str, namespace: dict[str, object]) -> None:

@@ -115,7 +115,7 @@ async def test_registrations_are_undone_when_the_scope_closes(rt) -> None:
     await scope.aclose()
     assert rt.tools.get("t") is None
     assert rt.llm.adapter("p") is None
-    rt._runtime.bus.emit_nowait(ev.AgentStatus("a", "running", "idle"))
+    rt._services.bus.emit_nowait(ev.AgentStatus("a", "running", "idle"))
     assert seen == []
     with pytest.raises(RuntimeError, match="closed"):
         scope.events.on(ev.AgentStatus, lambda e: None)

@@ -76,12 +76,8 @@ async def test_driving_an_unpublished_agent_is_an_error(rt, model) -> None:
 
     async def setup(ctx: agentloop.Context) -> None:
         # The agent under construction is reachable only through internals; it refuses input.
-        from agentloop._agent import Agent
-        from agentloop._session import Session
-
-        unpublished = Agent._create(
-            rt._runtime, Session("u", agentloop.FrozenDict(), rt._runtime.bus), OPTIONS
-        )
+        # Its own scope's agent, as the supervisor holds it while it is being prepared.
+        unpublished = rt._supervisor.agent_of(ctx)
         with pytest.raises(agentloop.AgentNotPublished, match="still being set up"):
             unpublished.followup("x")
         refused.append("u")
@@ -317,7 +313,7 @@ async def test_shutdown_waits_for_an_in_flight_create() -> None:
         # the racing create settled before shutdown finished, and published nothing after it
         assert len(result) == 1
         assert isinstance(result[0], agentloop.RuntimeClosed)
-        assert rt._runtime.agents == {}
+        assert rt._supervisor.agents == {}
 
 
 async def test_resume_without_persistence(rt) -> None:

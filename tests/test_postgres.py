@@ -812,8 +812,8 @@ async def test_resuming_a_killed_parent_closes_its_sub_agents_turns_in_postgres(
         assert all(not any(e.type == "turn/end" for e in log) for log in before.values())
         async with agentloop.open_runtime(crash_config(dsn), plugins=[subagents()]) as rt:
             handle = await rt.agents.resume(resume_session_id=BOSS, agent_options=CRASH_OPTIONS)
-            assert handle.agent.ctx is not None
-            [job] = handle.agent.ctx.jobs.list()
+            assert handle.ctx is not None
+            [job] = handle.ctx.jobs.list()
             assert job.status == "failed" and job.session_id in kids
             await handle.aclose()
         async with PostgresSessionStore.open_read_only(dsn) as reader:

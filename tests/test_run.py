@@ -360,7 +360,7 @@ async def test_nothing_stays_registered_once_runs_are_over(
     watched = (SessionEventAppended, InboxClaimed, InboxDiscarded, AgentTurnEnd, AgentStatus)
     model.add("a", "b")
     async with await _agent(rt) as h:
-        bus = h.agent._rt.bus
+        bus = rt._services.bus
         async with h.agent.run("one") as run:
             [e async for e in run.events()]
         async with h.agent.run("two"):

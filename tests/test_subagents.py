@@ -481,7 +481,7 @@ async def test_a_job_runs_in_the_background_and_delivers(rt: Context) -> None:
     await trio.testing.wait_all_tasks_blocked()
     assert rt.agents.get(job.session_id) is None  # a finished job's child is disposed
     await handle.aclose()
-    assert rt._runtime.supervisor.jobs == {}
+    assert rt._supervisor.jobs == {}
 
 
 def answering(child: Child) -> FunctionModel:
@@ -548,7 +548,7 @@ async def test_jobs_die_with_the_agent_that_started_them(rt: Context) -> None:
         await rt.jobs.start("c", agent_options=OPTIONS, deliver=True)
     await handle.aclose()
     assert [j.status for j in jobs] == ["cancelled", "cancelled"]
-    assert rt.agents.list() == [] and rt._runtime.supervisor.jobs == {}
+    assert rt.agents.list() == [] and rt._supervisor.jobs == {}
 
 
 async def test_a_child_seeded_with_a_prefix_of_the_parent_history(rt: Context) -> None:
@@ -838,7 +838,7 @@ async def tree_example(ops: list[Op]) -> None:
     jobs: list[agentloop.Job] = []
     kept: list[agentloop.AgentHandle] = []
     async with agentloop.open_runtime() as rt:
-        supervisor = rt._runtime.supervisor
+        supervisor = rt._supervisor
 
         def appended(event: SessionEventAppended) -> None:
             order.append(("event", event.session_id, event.event))
@@ -906,10 +906,9 @@ async def tree_example(ops: list[Op]) -> None:
                     break
         check_followed(order[:cut], followed)
     # Runtime exit: every registry is empty.
-    runtime = rt._runtime
-    assert runtime.agents == {} and runtime.sessions == {}
+    assert supervisor.agents == {} and supervisor.sessions == {}
     assert supervisor.children == {} and supervisor.parent_of == {}
-    assert supervisor.jobs == {} and supervisor.preparing == {}
+    assert supervisor.jobs == {} and supervisor.preparing("any") is None
     check_tree(order, jobs)
     for job in jobs:
         # The one final status and the outcome agree.

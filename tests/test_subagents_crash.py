@@ -163,7 +163,6 @@ async def test_resuming_a_killed_parent_closes_its_tree_and_reports_the_lost_job
             rt.llm.register("fn", FunctionModel(fn))
             handle = await rt.agents.resume(resume_session_id=BOSS, agent_options=OPTIONS)
             agent = handle.agent
-            assert agent.ctx is not None
 
             # Every descendant's open turn is closed (cause crash) and committed, its
             # hanging calls answered, and its lease given back; only the boss is driven.
@@ -180,10 +179,10 @@ async def test_resuming_a_killed_parent_closes_its_tree_and_reports_the_lost_job
             assert rt.agents.get(job_child) is None and rt.agents.get(deep) is None
 
             # The job that was running is failed, not unknown.
-            job = agent.ctx.jobs.get(job_id)
+            job = handle.ctx.jobs.get(job_id)
             assert job is not None
             assert (job.status, job.session_id) == ("failed", job_child)
-            assert [j.id for j in agent.ctx.jobs.list()] == [job_id]
+            assert [j.id for j in handle.ctx.jobs.list()] == [job_id]
             with pytest.raises(agentloop.JobFailed, match="crash"):
                 await job.result()
 
@@ -198,15 +197,15 @@ async def test_resuming_a_killed_parent_closes_its_tree_and_reports_the_lost_job
             assert "crash" in result["content"]
             await handle.aclose()
         # The lost job leaves with its owner.
-        assert rt._runtime.supervisor.jobs == {}
+        assert rt._supervisor.jobs == {}
 
     # Resuming again finds nothing left to close.
     again = stored(db)
     async with agentloop.open_runtime(config(db), plugins=[subagents()]) as rt:
         rt.llm.register("fn", FunctionModel(fn))
         handle = await rt.agents.resume(resume_session_id=BOSS, agent_options=OPTIONS)
-        assert handle.agent.ctx is not None
-        [job] = handle.agent.ctx.jobs.list()
+        assert handle.ctx is not None
+        [job] = handle.ctx.jobs.list()
         assert job.status == "failed"
         await handle.aclose()
     assert {sid: rows for sid, (_, rows) in stored(db).items() if sid != BOSS} == {
@@ -271,8 +270,8 @@ async def test_a_resumed_parent_answers_for_its_finished_jobs(tmp_path: Path) ->
         gate = trio.Event()
         rt.llm.register("fn", echo_model(gate))
         handle = await rt.agents.create(session_id=BOSS, agent_options=OPTIONS)
-        assert handle.agent.ctx is not None
-        jobs = handle.agent.ctx.jobs
+        assert handle.ctx is not None
+        jobs = handle.ctx.jobs
         done = await jobs.start("report")
         assert (await done.result()).text == "did report"
         cut = await jobs.start("wait")
@@ -283,8 +282,8 @@ async def test_a_resumed_parent_answers_for_its_finished_jobs(tmp_path: Path) ->
     async with agentloop.open_runtime(config(db)) as rt:
         rt.llm.register("fn", echo_model())
         handle = await rt.agents.resume(resume_session_id=BOSS, agent_options=OPTIONS)
-        assert handle.agent.ctx is not None
-        jobs = handle.agent.ctx.jobs
+        assert handle.ctx is not None
+        jobs = handle.ctx.jobs
         assert [(j.id, j.status) for j in jobs.list()] == [
             (ids[0], "done"), (ids[1], "cancelled"),
         ]
@@ -296,7 +295,7 @@ async def test_a_resumed_parent_answers_for_its_finished_jobs(tmp_path: Path) ->
             await jobs.list()[1].result()
         assert not jobs.list()[1].cancel()  # finished: nothing to cancel
         await handle.aclose()
-        assert rt._runtime.supervisor.jobs == {}
+        assert rt._supervisor.jobs == {}
 
 
 def deliveries(agent: agentloop.Agent) -> list[str]:
@@ -317,12 +316,11 @@ async def test_a_finished_job_delivered_before_a_resume_is_not_delivered_again(
         rt.llm.register("fn", echo_model())
         handle = await rt.agents.create(session_id=BOSS, agent_options=OPTIONS)
         agent = handle.agent
-        assert agent.ctx is not None
-        claimed = await agent.ctx.jobs.start("report", deliver=True)
+        claimed = await handle.ctx.jobs.start("report", deliver=True)
         await claimed.result()
         await agent.ask("next")  # the turn claims the delivery
         assert deliveries(agent) == [claimed.id]
-        removed = await agent.ctx.jobs.start("later", deliver=True)
+        removed = await handle.ctx.jobs.start("later", deliver=True)
         await removed.result()
         [pending] = agent.inbox.next_step
         assert pending.source["job"] == removed.id
@@ -333,8 +331,7 @@ async def test_a_finished_job_delivered_before_a_resume_is_not_delivered_again(
         rt.llm.register("fn", echo_model())
         handle = await rt.agents.resume(resume_session_id=BOSS, agent_options=OPTIONS)
         agent = handle.agent
-        assert agent.ctx is not None
-        assert [j.status for j in agent.ctx.jobs.list()] == ["done", "done"]
+        assert [j.status for j in handle.ctx.jobs.list()] == ["done", "done"]
         assert agent.inbox.next_step == ()
         await agent.ask("and now?")
         assert deliveries(agent) == [claimed.id]
@@ -347,8 +344,8 @@ async def test_a_resume_leaves_a_descendant_that_a_live_driver_holds(tmp_path: P
     async with agentloop.open_runtime(config(db)) as first:
         first.llm.register("fn", echo_model(gate))
         handle = await first.agents.create(session_id=BOSS, agent_options=OPTIONS)
-        assert handle.agent.ctx is not None
-        kid = await handle.agent.ctx.subagents.spawn(session_id="kid")
+        assert handle.ctx is not None
+        kid = await handle.ctx.subagents.spawn(session_id="kid")
         await handle.aclose()
         assert kid.agent.status == "disposed"
     async with (

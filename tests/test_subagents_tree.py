@@ -163,7 +163,7 @@ async def test_a_tree_subscription_defaults_to_the_calling_agent_and_ends_with_i
                 task_status.started()
                 await trio.sleep_forever()
 
-        await rt._runtime.system_nursery.start(follow)
+        await rt._services.system_nursery.start(follow)
         ready.set()
 
     handle = await rt.agents.create(session_id="me", agent_options=OPTIONS, setup=setup)

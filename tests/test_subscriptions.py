@@ -36,7 +36,7 @@ def status(agent_id: str) -> ev.AgentStatus:
 
 def appender(rt: agentloop.Context, session_id: str) -> Session:
     """A session on the runtime's bus: each ``append`` emits one ``SessionEventAppended``."""
-    return Session(session_id, agentloop.FrozenDict(), rt._runtime.bus)
+    return Session(session_id, agentloop.FrozenDict(), rt._services.bus)
 
 
 def drain(rx: trio.MemoryReceiveChannel[T]) -> list[T]:
@@ -88,7 +88,7 @@ async def test_every_form_yields_a_memory_receive_channel(rt: agentloop.Context)
 async def test_leaving_the_block_ends_the_channel(
     rt: agentloop.Context, autojump_clock: trio.testing.MockClock
 ) -> None:
-    bus = rt._runtime.bus
+    bus = rt._services.bus
     got: list[str] = []
     ended = trio.Event()
 
@@ -306,7 +306,7 @@ async def test_a_subscription_in_an_agents_scope_sees_only_that_agent(
 async def test_a_subscriber_leaving_mid_turn_does_not_disturb_the_emitter(
     rt: agentloop.Context, model: ScriptedModel, autojump_clock: trio.testing.MockClock
 ) -> None:
-    bus = rt._runtime.bus
+    bus = rt._services.bus
     left = trio.Event()
     partial: list[object] = []
 

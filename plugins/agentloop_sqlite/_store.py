@@ -255,6 +255,24 @@ class SqliteSessionStore:
         """Whether a session with this id is stored."""
         return await self._call(functools.partial(self._do_exists, session_id))
 
+    def exists_now(self, session_id: str) -> bool:
+        """Whether a session with this id is stored, answered without awaiting (for the
+        synchronous ``agent_loop.create``): one indexed read on a connection of its own,
+        which sees every committed write."""
+        if self._state != "open" or not os.path.exists(self._path):
+            return False
+        uri = pathlib.Path(os.path.abspath(self._path)).as_uri() + "?mode=ro"
+        try:
+            with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=5)) as conn:
+                row = conn.execute(
+                    "SELECT 1 FROM sessions WHERE id = ?", (session_id,)
+                ).fetchone()
+        except sqlite3.Error as exc:
+            raise PersistenceError(
+                f"cannot check for session {session_id!r} in {self._path}: {exc}"
+            ) from exc
+        return row is not None
+
     async def list(self) -> builtins.list[SessionInfo]:
         """Every stored session, most recently active first."""
         return await self._call(self._do_list)

@@ -1,0 +1,106 @@
+"""Approvals: the answers given to parked tool calls, when each started waiting, who waits.
+
+One object per agent owns this state. ``agent.approve``/``deny``/``cancel`` give answers; the
+scheduler's tool run parks calls, takes answers and reports when it waits for nothing else; a
+suspended turn's expiry reads the same park times. Nobody else writes it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+import attrs
+import trio
+
+__all__ = ["Answer", "Approvals", "Waiter"]
+
+
+@attrs.frozen(slots=True)
+class Answer:
+    """Someone's answer to a parked call: approve, deny (with a reason), or abort (cancel)."""
+
+    approved: bool
+    reason: str | None = None
+    abort: bool = False
+
+
+class Waiter(Protocol):
+    """The tool run that holds parked calls: woken when an answer arrives."""
+
+    def notify(self) -> None: ...
+
+
+def expired_answer(timeout: float) -> Answer:
+    return Answer(False, f"no answer to the approval request within {timeout} s")
+
+
+class Approvals:
+    """Answers not yet applied, park times, the run that waits, and whether it waits only
+    for answers (``blocked``: the agent counts as settled for ``wait_idle``)."""
+
+    __slots__ = ("_answers", "_on_blocked", "_since", "blocked", "waiter")
+
+    def __init__(self, on_blocked: Callable[[], None]) -> None:
+        self._answers: dict[str, Answer] = {}
+        self._since: dict[str, float] = {}
+        self._on_blocked = on_blocked
+        self.waiter: Waiter | None = None
+        self.blocked = False
+
+    def answered(self, call_id: str) -> bool:
+        return call_id in self._answers
+
+    def has_answers(self) -> bool:
+        return bool(self._answers)
+
+    def give(self, call_id: str, answer: Answer) -> None:
+        self._answers[call_id] = answer
+
+    def take(self, call_id: str) -> Answer | None:
+        return self._answers.pop(call_id, None)
+
+    def park(self, call_id: str, now: float) -> None:
+        self._since[call_id] = now
+
+    def parked_since(self, call_id: str, default: float) -> float:
+        return self._since.get(call_id, default)
+
+    def unpark(self, call_id: str) -> None:
+        self._since.pop(call_id, None)
+
+    def note_pending(self, call_ids: Iterable[str], now: float) -> None:
+        """Calls pending from before (a resumed log) wait from ``now`` in this process."""
+        for call_id in call_ids:
+            self._since.setdefault(call_id, now)
+
+    def set_blocked(self, blocked: bool) -> None:
+        self.blocked = blocked
+        if blocked:
+            self._on_blocked()
+
+    def prune(self, awaiting: set[str]) -> None:
+        """Forget answers and park times of calls that no longer await approval."""
+        if self._answers or self._since:
+            self._answers = {k: v for k, v in self._answers.items() if k in awaiting}
+            self._since = {k: v for k, v in self._since.items() if k in awaiting}
+
+    def deadline(self, timeout: float | None, call_ids: Iterable[str]) -> float:
+        """When the first of ``call_ids`` runs out of ``timeout``."""
+        if timeout is None:
+            return math.inf
+        now = trio.current_time()
+        return min(
+            (self._since.setdefault(c, now) + timeout for c in call_ids), default=math.inf
+        )
+
+    def expire(self, timeout: float | None, call_ids: Iterable[str]) -> bool:
+        """Deny the calls whose ``timeout`` ran out; True when any did."""
+        if timeout is None:
+            return False
+        now = trio.current_time()
+        expired = [c for c in call_ids if now >= self._since.get(c, now) + timeout]
+        for call_id in expired:
+            self._answers[call_id] = expired_answer(timeout)
+        return bool(expired)

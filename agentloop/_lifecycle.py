@@ -1,0 +1,177 @@
+"""An agent's lifecycle: publication, teardown and quiescence, owned by one object.
+
+The supervisor publishes an agent and detaches it, the handle and the runtime ask for its
+disposal, the agent's actor runs it: each through this object's methods, so the flags that say
+where an agent stands in its life have one owner. The agent binds the one thing only it can do,
+stopping itself (an input barrier that ends the running turn ``disposed``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import trio
+
+if TYPE_CHECKING:
+    from ._services import LeaseClaim
+
+__all__ = ["Latch", "Lifecycle"]
+
+
+class Latch:
+    """A one-shot event that allocates a ``trio.Event`` only if someone has to wait.
+
+    Idle agents are numerous; most latches are set before anyone waits on them.
+    """
+
+    __slots__ = ("_done", "_event")
+
+    def __init__(self) -> None:
+        self._done = False
+        self._event: trio.Event | None = None
+
+    def set(self) -> None:
+        self._done = True
+        if self._event is not None:
+            self._event.set()
+
+    def is_set(self) -> bool:
+        return self._done
+
+    async def wait(self) -> None:
+        if self._done:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._event is None:
+            self._event = trio.Event()
+        await self._event.wait()
+
+
+def _unbound() -> None:
+    raise AssertionError("the agent binds its stop before anyone can dispose it")
+
+
+class Lifecycle:
+    """Where one agent stands: being prepared, published, stopping, quiescent.
+
+    Attributes:
+        published: the supervisor entered it in the registries (it may be driven).
+        stopping: disposal began (``status`` reads ``disposed``; input is refused).
+        nursery: the actor's nursery while the actor runs (its children and tools run there).
+        attached: its session is stored (else its actor stores it first).
+        needs_lease: its actor must take the session's lease (``agent_loop.create``).
+        lease: its claim on the session's persistence lease, once published.
+    """
+
+    __slots__ = (
+        "_abandoned", "_announced", "_cancel_children", "_close_scope", "_detach",
+        "_quiescent", "_settled", "_stop", "_system", "_teardown_requested", "actor",
+        "attached", "lease", "needs_lease", "nursery", "published", "stopping",
+    )
+
+    def __init__(
+        self,
+        system_nursery: trio.Nursery,
+        *,
+        close_scope: Callable[[], Awaitable[None]],
+        detach: Callable[[], None],
+        cancel_children: Callable[[], None],
+    ) -> None:
+        self._system = system_nursery
+        self._stop: Callable[[], None] = _unbound
+        self.actor: Callable[..., Awaitable[None]]
+        self._close_scope = close_scope
+        self._detach = detach
+        self._cancel_children = cancel_children
+        self.published = False
+        self.stopping = False
+        self.attached = False
+        self.needs_lease = False
+        self.lease: LeaseClaim | None = None
+        self.nursery: trio.Nursery | None = None
+        self._teardown_requested = False
+        self._abandoned = False
+        self._announced = Latch()  # publication's notifications are over
+        self._settled = Latch()  # announced, or abandoned before publication
+        self._quiescent = Latch()
+
+    def bind(
+        self, stop: Callable[[], None], actor: Callable[..., Awaitable[None]]
+    ) -> None:
+        """The agent's own stop, run once when its disposal begins, and its actor task's
+        function (``task_status`` reports its nursery open), which the supervisor starts."""
+        self._stop = stop
+        self.actor = actor
+
+    # --- what the supervisor's side does for the agent ---------------------------------------
+
+    async def close_scope(self) -> None:
+        """Close the agent's scope: its sub-agents (to quiescence), then its registrations."""
+        await self._close_scope()
+
+    def detach(self) -> None:
+        """The actor's last act: ask the supervisor to take the agent out of the registries."""
+        self._detach()
+
+    def cancel_children(self) -> None:
+        """Cancel the running turns of the agent's live sub-agents (cause ``parent``)."""
+        self._cancel_children()
+
+    # --- publication ---------------------------------------------------------------------
+
+    def publish(self, lease: LeaseClaim | None = None) -> None:
+        self.published = True
+        if lease is not None:
+            self.lease = lease
+
+    def announced(self) -> None:
+        """Publication's notifications are over: the actor may drive, a disposal may stop."""
+        self._announced.set()
+        self._settled.set()
+
+    def abandon(self) -> None:
+        """The creation rolled back: an actor started early exits without a trace."""
+        self._abandoned = True
+        self._settled.set()
+
+    async def wait_settled(self) -> bool:
+        """For an actor started before publication: True once published, False if the
+        creation rolled back instead."""
+        await self._settled.wait()
+        return not self._abandoned
+
+    # --- teardown ------------------------------------------------------------------------
+
+    @property
+    def disposing(self) -> bool:
+        """Disposal was asked for or began (a disposed agent starts no sub-agents)."""
+        return self.stopping or self._teardown_requested or self._quiescent.is_set()
+
+    def request_teardown(self) -> None:
+        """Begin the disposal once (at once, or when publication's notifications are over)."""
+        if self._teardown_requested:
+            return
+        self._teardown_requested = True
+        if self._announced.is_set():
+            self._stop()  # the input barrier: from here on send() raises AgentDisposed
+        else:
+            # A dispose requested from inside a creation notification waits for it to unwind.
+            self._system.start_soon(self._stop_once_announced)
+
+    async def _stop_once_announced(self) -> None:
+        await self._announced.wait()
+        self._stop()
+
+    async def dispose(self) -> None:
+        """Begin the disposal if needed and wait for the quiescence boundary."""
+        self.request_teardown()
+        await self._quiescent.wait()
+
+    def quiesced(self) -> None:
+        """The supervisor detached the agent: its life is over."""
+        self._quiescent.set()
+
+    @property
+    def quiescent(self) -> bool:
+        return self._quiescent.is_set()

@@ -1,0 +1,226 @@
+"""One step's model call: the request assembled (system prompt, tools, history, config), the
+``agent/request`` waterfall, the call with its retries and fallbacks, and the reply folded.
+
+:class:`Requests` owns what an agent carries from one step's request to the next: the call
+config the next step proposes, the tool specs it last built, and the messages last sent on each
+route (for ``request/header``'s ``cache_prefix``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import attrs
+import trio
+
+from . import _log
+from ._errors import ProviderError
+from ._events import AgentRequest, AgentRequestError, AgentStepResult, Retry, _Outcome
+from ._json import FrozenDict, freeze_repaired
+from ._model import CallConfig, LLMRequest, Message, ToolSpec
+from ._output import OutputSpec
+from ._output import check as check_output
+from ._reply import StepOutcome, fold_stream
+
+if TYPE_CHECKING:
+    from ._llm import PreparedCall
+    from ._services import Services
+    from ._session import Session
+
+__all__ = ["Requests"]
+
+Route = tuple[str | None, str | None]
+
+
+@attrs.define(slots=True, eq=False)
+class _Planned:
+    """One step's request as the hooks left it, before the call (and its retries)."""
+
+    config: CallConfig
+    system: str
+    template: str
+    templated: bool  # the system prompt follows the route (a fallback renders it again)
+    messages: Sequence[Message]
+    history: Sequence[Message]
+    specs: tuple[ToolSpec, ...]
+
+
+class Requests:
+    """The model calls of one agent, step after step."""
+
+    __slots__ = ("_agent_id", "_cwd", "_proposal", "_sent", "_services", "_session",
+                 "_specs", "_specs_version", "_system_prompt")
+
+    def __init__(
+        self, services: Services, session: Session, proposal: CallConfig, *,
+        system_prompt: str | None, cwd: str | None,
+    ) -> None:
+        self._services = services
+        self._session = session
+        self._agent_id = session.id
+        self._proposal = proposal
+        self._system_prompt = system_prompt
+        self._cwd = cwd
+        self._specs_version = -1
+        self._specs: tuple[ToolSpec, ...] = ()
+        # The messages of the latest request sent on each route, for request/header's
+        # cache_prefix (a snapshot: O(1) to keep and, unless replaced, to compare).
+        self._sent: dict[Route, Sequence[Message]] = {}
+
+    def _visible_specs(self) -> tuple[ToolSpec, ...]:
+        registry = self._services.tools
+        if registry.version != self._specs_version:
+            self._specs = tuple(t.spec for t in registry.visible(self._agent_id))
+            self._specs_version = registry.version
+        return self._specs
+
+    def _render(self, template: str, config: CallConfig) -> str:
+        return self._services.prompt.render(
+            template, provider=config.provider, model=config.model, cwd=self._cwd
+        )
+
+    async def step(self, turn: int, step: int, spec: OutputSpec | None) -> StepOutcome:
+        """Make this step's model call and fold its reply into the log."""
+        planned = await self._plan(turn, step)
+        outcome, config, prepared = await self._call(turn, step, planned, spec)
+        if config is not planned.config:
+            # A call moved to another route (a fallback) serves this step only.
+            self._proposal = planned.config
+        # Adapter-filled fields are dropped, so the next step's route fills its own.
+        elif prepared.adapter_defaults:
+            self._proposal = attrs.evolve(
+                prepared.config, **dict.fromkeys(prepared.adapter_defaults)
+            )
+        else:
+            self._proposal = prepared.config
+        bus = self._services.bus
+        if bus.has_listeners(AgentStepResult):
+            await bus.emit(
+                AgentStepResult(
+                    self._agent_id, turn, step, outcome.finish_reason, outcome.text,
+                    outcome.tool_calls,
+                )
+            )
+        return outcome
+
+    async def _plan(self, turn: int, step: int) -> _Planned:
+        """The request the step proposes, through the ``agent/request`` waterfall."""
+        services, config = self._services, self._proposal
+        specs = self._visible_specs()
+        template = services.prompt.template_for(self._agent_id, self._system_prompt)
+        system = self._render(template, config)
+        history = self._session.messages()
+        planned = _Planned(config, system, template, "{" in template, history, history, specs)
+        if not services.bus.has_handlers(AgentRequest):
+            return planned
+        outcome_of = _Outcome()
+        proposed = AgentRequest(
+            self._agent_id, turn, step, config, system, specs, history, outcome_of
+        )
+        planned.config = await services.bus.emit(proposed)
+        final = outcome_of.event
+        if final is None or final.config is not planned.config:
+            # Only the waterfall's own last copy says what the handlers left.
+            final = attrs.evolve(proposed, config=planned.config)
+        planned.messages, planned.specs = final.messages, final.tools
+        if final.system != system:
+            planned.system = final.system
+            planned.templated = False
+        elif planned.templated:
+            planned.system = self._render(template, planned.config)
+        return planned
+
+    async def _call(
+        self, turn: int, step: int, planned: _Planned, spec: OutputSpec | None
+    ) -> tuple[StepOutcome, CallConfig, PreparedCall]:
+        """The call, made again as long as ``agent/request-error`` asks for a retry."""
+        bus, config = self._services.bus, planned.config
+        # Per route (provider, model): a call moved to another route counts from 1 there.
+        tries: dict[Route, int] = {}
+        routes: list[str] = []
+        after: FrozenDict | None = None
+        while True:
+            key = (config.provider, config.model)
+            attempt = tries[key] = tries.get(key, 0) + 1
+            if f"{key[0]}:{key[1]}" not in routes:
+                routes.append(f"{key[0]}:{key[1]}")
+            prepared: PreparedCall | None = None
+            try:
+                prepared = await self._prepare(config)
+                outcome = await self._attempt(turn, step, planned, config, prepared, spec, after)
+                return outcome, config, prepared
+            except ProviderError as err:
+                failure = err
+            # Recovery runs outside the except block: a retry wait must not chain onto (or,
+            # when cancelled, discard) the provider error.
+            decision = None
+            if bus.has_handlers(AgentRequestError):
+                decision = await bus.emit(
+                    AgentRequestError(
+                        self._agent_id, turn, step, attempt, config, failure,
+                        prepared.retry if prepared is not None else None, tuple(routes),
+                    )
+                )
+            if not isinstance(decision, Retry):
+                raise failure
+            # The next header records the failed call, so the log keeps every attempt.
+            error = freeze_repaired(failure.to_json())[0]
+            assert isinstance(error, FrozenDict)
+            after = _log.failed_call(config.provider, config.model, attempt, error)
+            if decision.config is not None:
+                config = decision.config
+            # A handler that retries at once must still let other tasks (and cancel()) in.
+            await trio.lowlevel.checkpoint()
+
+    async def _prepare(self, config: CallConfig) -> PreparedCall:
+        if not config.provider or not config.model:
+            raise ProviderError(
+                f"a model call needs a provider and a model; got provider="
+                f"{config.provider!r}, model={config.model!r}",
+                code="INVALID_CONFIG",
+            )
+        return await self._services.llm.prepare_call(config)
+
+    async def _attempt(
+        self, turn: int, step: int, planned: _Planned, config: CallConfig,
+        prepared: PreparedCall, spec: OutputSpec | None, after: FrozenDict | None,
+    ) -> StepOutcome:
+        session, messages = self._session, planned.messages
+        system = planned.system
+        if planned.templated and config is not planned.config:
+            system = self._render(planned.template, config)
+        effective = prepared.config
+        route = (effective.provider, effective.model)
+        before = self._sent.get(route)
+        session.append(
+            _log.REQUEST_HEADER,
+            _log.request_header(
+                step, effective.to_json(), prepared.adapter_defaults,
+                messages=len(messages),
+                cache_prefix=0 if before is None else session.common_prefix(before, messages),
+                rewritten=messages is not planned.history,
+                after_error=after,
+            ),
+            turn,
+        )
+        self._sent[route] = messages
+        native = spec is not None and (
+            prepared.registration is not None
+            and prepared.registration.adapter.supports_json_schema
+        )
+        request = LLMRequest(
+            system=system,
+            messages=messages,
+            tools=planned.specs if spec is None or native else (*planned.specs, spec.tool()),
+            config=effective,
+            session_id=self._agent_id,
+            turn=turn,
+            step=step,
+            output_schema=spec.schema if spec is not None and native else None,
+            output_name=spec.name if spec is not None else "output",
+        )
+        stream, guard = await prepared.serve(request, agent_id=self._agent_id)
+        judge = None if spec is None else functools.partial(check_output, spec, native)
+        return await fold_stream(session, turn, step, stream, judge, failure=guard)
