@@ -19,12 +19,18 @@ Layering (``tests/test_layering.py`` enforces it; a module imports its own layer
     plugin      _plugin                  the Plugin protocol
     context     _context                 Context and the ctx.* facades
     supervisor  _agents _subagents       the supervisor actor, creation, handles; sub-agents, jobs
-    driver      _agent                   the agent actor: inbox, run controls, turns
-    parts       _inbox _reply _run _scheduler   input; one reply; run handles; tools
-    services    _session _llm _tools _settings _persistence _config _output
+    driver      _agent                   the agent actor: admission, run controls, turns
+    parts       _inbox _reply _run _scheduler _request _lifecycle _approvals
+                                         input; one reply; run handles; tools; one step's
+                                         request; publication to quiescence; approvals
+    services    _services _session _llm _tools _settings _persistence _config _output
+                                         the services record handed down; log, models, tools
     bus         _bus _schema
     values      _log _events _model _json _errors _http _util
     llm/        the adapters, over values only; plugins/ use the public modules only
+
+A lower layer that must name a higher type declares a ``Protocol`` of its own (``_run.Driven``,
+``_agents.Scope``); no import circle, type-only imports included.
 """
 
 from ._agent import Agent as Agent

@@ -13,7 +13,7 @@ import logging
 import math
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, Self, final
+from typing import Any, Final, Literal, Protocol, Self, final
 
 import attrs
 import trio
@@ -46,8 +46,6 @@ from ._services import LeaseClaim, Services
 from ._session import Session, recover_crashed_turn, validate_session_id
 from ._util import NoPublicConstructor, construct
 
-if TYPE_CHECKING:
-    from ._subagents import Job
 
 __all__ = [
     "AgentHandle", "AgentsService", "AgentLoopService", "SessionsService", "SubagentLimitExceeded",
@@ -228,8 +226,9 @@ class Supervisor:
         # The tree: each live child under its parent's id, and each child's parent.
         self.children: dict[str, dict[str, Agent]] = {}
         self.parent_of: dict[str, Agent] = {}
-        # Background jobs by id (``ctx.jobs``), entered and removed by their owners.
-        self.jobs: dict[str, Job] = {}
+        # Background jobs by id (``ctx.jobs``), entered and removed by their owners (the
+        # sub-agents module, a layer above in spirit, which alone knows what a job is).
+        self.jobs: dict[str, object] = {}
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as actors:

@@ -384,7 +384,7 @@ class Printer:
                     self._reasoning_hidden += len(data["delta"])
                     return
                 self._reasoning_open = True
-                self._write(self.err, self._dim(data["delta"]))
+                self._write(self.err, self.dim(data["delta"]))
         elif e.type == "tool/call":
             # The next step's text is another paragraph, also in a file.
             self.finish()
@@ -416,7 +416,7 @@ class Printer:
             with contextlib.suppress(OSError):
                 self._write(self.out, "\n")
 
-    def _dim(self, text: str) -> str:
+    def dim(self, text: str) -> str:
         return f"\x1b[2m{text}\x1b[0m" if self.color else text
 
     def _end_reasoning(self) -> None:
@@ -424,7 +424,7 @@ class Printer:
             self.last_reasoning, self._thought = "".join(self._thought), []
         if self._reasoning_hidden:
             hidden, self._reasoning_hidden = self._reasoning_hidden, 0
-            self._write(self.err, self._dim(f"[reasoning hidden, {hidden} characters]") + "\n")
+            self._write(self.err, self.dim(f"[reasoning hidden, {hidden} characters]") + "\n")
         if self._reasoning_open:
             self._reasoning_open = False
             self._write(self.err, "\n")
@@ -441,7 +441,7 @@ class Printer:
         if self._text_open and _isatty(self.out) and not self.broken:
             self._write(self.out, "\n")
             self._text_open = False
-        self._write(self.err, self._dim(line) + "\n")
+        self._write(self.err, self.dim(line) + "\n")
 
     def reveal(self) -> None:
         """``/think``: the last reasoning in full, dimmed."""
@@ -449,7 +449,7 @@ class Printer:
         if not self.last_reasoning:
             self.note("[no reasoning yet]")
             return
-        self._write(self.err, self._dim(self.last_reasoning.rstrip("\n")) + "\n")
+        self._write(self.err, self.dim(self.last_reasoning.rstrip("\n")) + "\n")
 
 
 def _isatty(stream: TextIO) -> bool:

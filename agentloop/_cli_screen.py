@@ -383,7 +383,7 @@ class _ScreenPrinter(Printer):
             line = text.rstrip("\n")
         else:
             line = f"thinking… ({len(text):,} characters, /think to show)"
-        self.screen.update(self._dim(line) + "\n", self._live())
+        self.screen.update(self.dim(line) + "\n", self._live())
 
     def finish(self) -> None:
         self._end_reasoning()
@@ -393,7 +393,7 @@ class _ScreenPrinter(Printer):
         self.screen.update(text, None)
 
     def note(self, line: str) -> None:
-        self.screen.print(self._dim(line) + "\n")
+        self.screen.print(self.dim(line) + "\n")
 
 
 def _logs_to(stream: TextIO, err: TextIO) -> Callable[[], None]:

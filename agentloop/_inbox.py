@@ -2,10 +2,13 @@
 
 The lists are the projection the seed describes: every change is published as a splice
 *before* it happens, ``edit`` and ``remove`` act on pending messages, and a claim takes input
-atomically. The memory channels carry the accepted records to the agent's actor: the next-turn
-channel every waking record (what an idle actor waits for), the next-step channel the
-non-waking next-step records; the actor drains them at its boundaries and takes content and
-order from the projection, so a removed or edited message is never delivered stale.
+atomically. The memory channels carry the accepted records to the agent's actor, and are
+named for what they wake, not for the list a record lands in: the next-turn channel carries
+every *waking* record (follow-ups, and waking steers, since a wake while idle must open a turn
+boundary exactly as a follow-up does, and an idle actor waits on one channel), the next-step
+channel the non-waking injections (which must not wake an idle actor). The actor drains them
+at its boundaries and takes content and order from the projection, so a removed or edited
+message is never delivered stale: the lists, not the channels, are the truth for content.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final, Literal, final
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, final
 
 import attrs
 import trio
@@ -32,7 +32,7 @@ from ._util import NoPublicConstructor, construct
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from ._agent import Agent
+    from ._inbox import Inbox
     from ._session import Session
 
 __all__ = ["RunControls", "Run", "RunResult"]
@@ -70,6 +70,25 @@ class RunResult:
     usage: FrozenDict | None
 
 
+class Driven(Protocol):
+    """What a run needs of the agent it drives (:class:`agentloop.Agent`, a layer above)."""
+
+    _run_bus: EventBus
+    _run_outputs: dict[str, OutputSpec]
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def session(self) -> Session: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def inbox(self) -> Inbox: ...
+    def followup(self, content: object, *, source: object = None) -> MessageId: ...
+    def remove(self, message_id: str) -> bool: ...
+    def cancel(self, cause: str = "user", *, keep_inbox: bool = False) -> bool: ...
+
+
 class RunControls:
     """The run-handle methods of :class:`agentloop.Agent` (``run``, ``ask``)."""
 
@@ -99,7 +118,7 @@ class RunControls:
             ToolDefinitionError: ``output_type`` has no JSON schema.
             TypeError: ``output_type`` does not describe a JSON object.
         """
-        agent: Agent = self  # type: ignore[assignment]  # only Agent mixes this in
+        agent: Driven = self  # type: ignore[assignment]  # only Agent mixes this in
         spec = None if output_type is None else output_spec(output_type)
         return construct(Run, agent, content, source, output_type, spec)
 
@@ -287,7 +306,7 @@ class Run(metaclass=NoPublicConstructor):
     )
 
     def __init__(
-        self, agent: Agent, content: object, source: object, output_type: object = None,
+        self, agent: Driven, content: object, source: object, output_type: object = None,
         output_spec: OutputSpec | None = None,
     ) -> None:
         self._agent = agent

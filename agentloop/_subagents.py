@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from collections.abc import Callable
-from typing import Any, Final, Literal, final
+from typing import Any, Final, Literal, cast, final
 
 import attrs
 import trio
@@ -70,6 +70,11 @@ class JobCancelled(AgentLoopError):  # noqa: N818 - reads as a state
 
 class JobFailed(AgentLoopError):  # noqa: N818 - reads as a state
     """``job.result()`` of a job whose turn ended without an answer (e.g. ``rejected``)."""
+
+
+def _jobs(supervisor: Supervisor) -> dict[str, Job]:
+    """The runtime's job registry: the supervisor keeps it, this module alone fills it."""
+    return cast("dict[str, Job]", supervisor.jobs)
 
 
 # --- lineage --------------------------------------------------------------------------------
@@ -496,7 +501,7 @@ class JobsService:
             self._services, self._supervisor, self._ctx, agent_options=agent_options, setup=setup, session_id=session_id,
             seed=None, meta=meta,
         )
-        jobs = self._supervisor.jobs
+        jobs = _jobs(self._supervisor)
         job = construct(
             Job, job_id, handle.agent.id, handle, frozen, owner, parent, deliver=deliver,
             jobs=jobs,
@@ -514,13 +519,13 @@ class JobsService:
 
     def get(self, job_id: str) -> Job | None:
         """This owner's job with this id, or ``None``."""
-        job = self._supervisor.jobs.get(job_id)
+        job = _jobs(self._supervisor).get(job_id)
         return job if job is not None and job._owner is self._owner() else None
 
     def list(self) -> list[Job]:
         """This owner's jobs, oldest first (finished ones stay until the owner closes)."""
         owner = self._owner()
-        return [j for j in self._supervisor.jobs.values() if j._owner is owner]
+        return [j for j in _jobs(self._supervisor).values() if j._owner is owner]
 
 
 # --- crash recovery of a resumed parent's tree ----------------------------------------------
@@ -571,7 +576,7 @@ async def recover_children(
             continue
         session, closed = recovered
         if session.meta.get("parent_session_id") == parent.id:
-            owed = _rebuild_job(supervisor.jobs, parent, scope, session, closed=closed)
+            owed = _rebuild_job(_jobs(supervisor), parent, scope, session, closed=closed)
             if owed is not None:
                 undelivered.append(owed._deliver_to)
     return undelivered
