@@ -21,8 +21,8 @@ import attrs
 import trio
 
 from . import _log
-from ._errors import AgentDisposed, AgentNotPublished, InvalidContent, ProviderError
 from ._approvals import Answer, Approvals
+from ._errors import AgentDisposed, AgentNotPublished, InvalidContent, ProviderError
 from ._events import (
     AgentPreStep,
     AgentStatus,
@@ -154,7 +154,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         self.cwd = cwd
         self.resumed = resumed
         self._life = life
-        life.bind(self._stop, self._actor)
+        life.bind(self, self._stop, self._actor)
         self._status: Status = "idle"
         self._inbox = InboxState(session.id, services.bus)
         self._wake_flag = False

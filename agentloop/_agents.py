@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 import math
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import Any, Final, Literal, Protocol, Self, final
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final, Literal, Protocol, Self, cast, final
 
 import attrs
 import trio
@@ -40,12 +40,11 @@ from ._events import (
     SessionDisposed,
 )
 from ._json import FrozenDict, freeze
-from ._model import AgentOptions, CallConfig, SessionEvent
 from ._lifecycle import Lifecycle
+from ._model import AgentOptions, CallConfig, SessionEvent
 from ._services import LeaseClaim, Services
 from ._session import Session, recover_crashed_turn, validate_session_id
 from ._util import NoPublicConstructor, construct
-
 
 __all__ = [
     "AgentHandle", "AgentsService", "AgentLoopService", "SessionsService", "SubagentLimitExceeded",
@@ -218,11 +217,11 @@ class Supervisor:
         self._actors: trio.Nursery | None = None
         self.agents: dict[str, Agent] = {}
         self.sessions: dict[str, Session] = {}
-        # Every agent from preparation to quiescence: its lifecycle and its scope, by the
-        # agent itself (same-id contenders are different agents), and which agent a scope is.
+        # Every agent from preparation to quiescence, by the agent itself (same-id contenders
+        # are different agents), with its lifecycle (which holds its scope); and the agents
+        # being prepared by their own scope, so a setup's children find their parent.
         self._lives: dict[Agent, Lifecycle] = {}
-        self._scopes: dict[Agent, Scope] = {}
-        self._by_scope: dict[Scope, Agent] = {}
+        self._preparing: dict[Scope, Agent] = {}
         # The tree: each live child under its parent's id, and each child's parent.
         self.children: dict[str, dict[str, Agent]] = {}
         self.parent_of: dict[str, Agent] = {}
@@ -256,23 +255,11 @@ class Supervisor:
                 proposal: CallConfig | None = None) -> tuple[Agent, Lifecycle, Scope]:
         """A private agent, its lifecycle and its scope (a child of ``owner``'s)."""
         scope = owner.child(f"agent:{session.id}", agent_id=session.id)
-        agents: list[Agent] = []
-
-        def cancel_children() -> None:
-            for child in list(self.children.get(session.id, {}).values()):
-                if child.status == "running":
-                    child.cancel("parent")
-
-        life = Lifecycle(
-            services.system_nursery, close_scope=scope.aclose,
-            detach=lambda: self.detach(agents[0]), cancel_children=cancel_children,
-        )
+        life = Lifecycle(services.system_nursery, self, session.id, scope)
         agent = construct(Agent, services, session, options or AgentOptions(), life, cwd=cwd,
                           resumed=resumed, proposal=proposal)
-        agents.append(agent)
         self._lives[agent] = life
-        self._scopes[agent] = scope
-        self._by_scope[scope] = agent
+        self._preparing[scope] = agent
         return agent, life, scope
 
     def forget(self, agent: Agent) -> None:
@@ -280,16 +267,28 @@ class Supervisor:
         life = self._lives.pop(agent, None)
         if life is not None:
             life.abandon()
-        scope = self._scopes.pop(agent, None)
-        if scope is not None and self._by_scope.get(scope) is agent:
-            del self._by_scope[scope]
+            scope = cast("Scope", life.scope)
+            if self._preparing.get(scope) is agent:
+                del self._preparing[scope]
 
-    def agent_of(self, scope: object) -> Agent | None:
+    def cancel_children(self, agent_id: str) -> None:
+        """Cancel the running turn of every live child of ``agent_id`` (cause ``parent``)."""
+        for child in list(self.children.get(agent_id, {}).values()):
+            if child.status == "running":
+                child.cancel("parent")
+
+    def agent_of(self, scope: Scope) -> Agent | None:
         """The agent (live or being prepared) whose own scope ``scope`` is."""
-        return self._by_scope.get(scope)  # type: ignore[call-overload, no-any-return]
+        found = self._preparing.get(scope)
+        if found is None and scope.agent_id is not None:
+            live = self.agents.get(scope.agent_id)
+            if live is not None and self._lives[live].scope is scope:
+                found = live
+        return found
 
     def scope_of(self, agent: Agent) -> Scope | None:
-        return self._scopes.get(agent)
+        life = self._lives.get(agent)
+        return None if life is None else cast("Scope", life.scope)
 
     def disposing(self, agent: Agent) -> bool:
         life = self._lives.get(agent)
@@ -318,8 +317,8 @@ class Supervisor:
 
     def preparing(self, session_id: str) -> Agent | None:
         """An agent being prepared under this id (its children join the tree before it)."""
-        for agent, life in self._lives.items():
-            if agent.id == session_id and not life.published:
+        for agent in self._preparing.values():
+            if agent.id == session_id:
                 return agent
         return None
 
@@ -382,6 +381,7 @@ class Supervisor:
             nursery = self._actors if parent is None else self._child_nursery(agent, parent)
             self.agents[agent.id] = agent
             self.sessions[agent.id] = agent.session
+            del self._preparing[cast("Scope", life.scope)]
             life.publish()
             request.handle.owned_by(request.owner)
             if parent is not None:
@@ -418,9 +418,6 @@ class Supervisor:
                 services.emit(SessionDisposed(agent.id))
         finally:
             life = self._lives.pop(agent, None)
-            scope = self._scopes.pop(agent, None)
-            if scope is not None and self._by_scope.get(scope) is agent:
-                del self._by_scope[scope]
             if life is not None:
                 life.quiesced()
 

@@ -32,6 +32,10 @@ class Waiter(Protocol):
     def notify(self) -> None: ...
 
 
+_NONE: dict[str, Answer] = {}  # never written: see Approvals.give
+_NEVER: dict[str, float] = {}  # never written: see Approvals._own_since
+
+
 def expired_answer(timeout: float) -> Answer:
     return Answer(False, f"no answer to the approval request within {timeout} s")
 
@@ -43,8 +47,9 @@ class Approvals:
     __slots__ = ("_answers", "_on_blocked", "_since", "blocked", "waiter")
 
     def __init__(self, on_blocked: Callable[[], None]) -> None:
-        self._answers: dict[str, Answer] = {}
-        self._since: dict[str, float] = {}
+        # Shared empty tables until the first park or answer: most agents never ask.
+        self._answers: dict[str, Answer] = _NONE
+        self._since: dict[str, float] = _NEVER
         self._on_blocked = on_blocked
         self.waiter: Waiter | None = None
         self.blocked = False
@@ -56,24 +61,32 @@ class Approvals:
         return bool(self._answers)
 
     def give(self, call_id: str, answer: Answer) -> None:
+        if self._answers is _NONE:
+            self._answers = {}
         self._answers[call_id] = answer
 
     def take(self, call_id: str) -> Answer | None:
-        return self._answers.pop(call_id, None)
+        return self._answers.pop(call_id, None) if self._answers else None
 
     def park(self, call_id: str, now: float) -> None:
-        self._since[call_id] = now
+        self._own_since()[call_id] = now
+
+    def _own_since(self) -> dict[str, float]:
+        if self._since is _NEVER:
+            self._since = {}
+        return self._since
 
     def parked_since(self, call_id: str, default: float) -> float:
         return self._since.get(call_id, default)
 
     def unpark(self, call_id: str) -> None:
-        self._since.pop(call_id, None)
+        if self._since:
+            self._since.pop(call_id, None)
 
     def note_pending(self, call_ids: Iterable[str], now: float) -> None:
         """Calls pending from before (a resumed log) wait from ``now`` in this process."""
         for call_id in call_ids:
-            self._since.setdefault(call_id, now)
+            self._own_since().setdefault(call_id, now)
 
     def set_blocked(self, blocked: bool) -> None:
         self.blocked = blocked
@@ -82,8 +95,9 @@ class Approvals:
 
     def prune(self, awaiting: set[str]) -> None:
         """Forget answers and park times of calls that no longer await approval."""
-        if self._answers or self._since:
+        if self._answers:
             self._answers = {k: v for k, v in self._answers.items() if k in awaiting}
+        if self._since:
             self._since = {k: v for k, v in self._since.items() if k in awaiting}
 
     def deadline(self, timeout: float | None, call_ids: Iterable[str]) -> float:
@@ -91,9 +105,8 @@ class Approvals:
         if timeout is None:
             return math.inf
         now = trio.current_time()
-        return min(
-            (self._since.setdefault(c, now) + timeout for c in call_ids), default=math.inf
-        )
+        since = self._own_since()
+        return min((since.setdefault(c, now) + timeout for c in call_ids), default=math.inf)
 
     def expire(self, timeout: float | None, call_ids: Iterable[str]) -> bool:
         """Deny the calls whose ``timeout`` ran out; True when any did."""
@@ -102,5 +115,5 @@ class Approvals:
         now = trio.current_time()
         expired = [c for c in call_ids if now >= self._since.get(c, now) + timeout]
         for call_id in expired:
-            self._answers[call_id] = expired_answer(timeout)
+            self.give(call_id, expired_answer(timeout))
         return bool(expired)

@@ -225,6 +225,10 @@ class PromptFacade:
         return self._prompt.persona
 
 
+def _release(owned: dict[int, AgentHandle], key: int) -> None:
+    owned.pop(key, None)
+
+
 class Context:
     """A scope: the services, plus ownership of everything registered through them.
 
@@ -361,7 +365,7 @@ class Context:
             raise ScopeClosed(f"{self!r} is closed; it cannot own agents")
         key = id(handle)
         self._owned[key] = handle
-        return Disposer(lambda: self._owned.pop(key, None) and None)
+        return Disposer(functools.partial(_release, self._owned, key))
 
     def child(self, name: str, *, agent_id: str | None = None) -> Context:
         """A nested scope, closed with this one (or earlier)."""

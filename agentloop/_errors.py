@@ -108,7 +108,7 @@ class PersistenceError(AgentLoopError):
     """The persistence backend failed (a corrupt or newer file, an undecodable row, ...)."""
 
 
-class SessionLeased(SessionIdInUse, PersistenceError):
+class SessionLeased(SessionIdInUse, PersistenceError):  # noqa: N818 - as SessionIdInUse
     """Another runtime (another process or host) drives this session: its store's lease is
     held. A :class:`SessionIdInUse` for callers, a :class:`PersistenceError` for stores."""
 

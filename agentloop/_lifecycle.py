@@ -9,14 +9,27 @@ stopping itself (an input barrier that ends the running turn ``disposed``).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 if TYPE_CHECKING:
     from ._services import LeaseClaim
 
-__all__ = ["Latch", "Lifecycle"]
+__all__ = ["Family", "Latch", "Lifecycle", "Scope"]
+
+
+class Family(Protocol):
+    """What a lifecycle asks of the supervisor (a layer above)."""
+
+    def detach(self, agent: Any) -> None: ...
+    def cancel_children(self, agent_id: str) -> None: ...
+
+
+class Scope(Protocol):
+    """The agent's own scope (a :class:`~agentloop.Context`, a layer above)."""
+
+    async def aclose(self) -> None: ...
 
 
 class Latch:
@@ -65,25 +78,22 @@ class Lifecycle:
     """
 
     __slots__ = (
-        "_abandoned", "_announced", "_cancel_children", "_close_scope", "_detach",
-        "_quiescent", "_settled", "_stop", "_system", "_teardown_requested", "actor",
-        "attached", "lease", "needs_lease", "nursery", "published", "stopping",
+        "_abandoned", "_agent", "_announced", "_family", "_quiescent", "_settled", "_stop",
+        "_system", "_teardown_requested", "actor", "agent_id", "attached", "lease",
+        "needs_lease", "nursery", "published", "scope", "stopping",
     )
 
     def __init__(
-        self,
-        system_nursery: trio.Nursery,
-        *,
-        close_scope: Callable[[], Awaitable[None]],
-        detach: Callable[[], None],
-        cancel_children: Callable[[], None],
+        self, system_nursery: trio.Nursery, family: Family, agent_id: str, scope: Scope
     ) -> None:
+        # References, not closures: an idle agent's lifecycle is kept for its whole life.
         self._system = system_nursery
+        self._family = family
+        self.agent_id = agent_id
+        self.scope = scope
+        self._agent: object = None
         self._stop: Callable[[], None] = _unbound
         self.actor: Callable[..., Awaitable[None]]
-        self._close_scope = close_scope
-        self._detach = detach
-        self._cancel_children = cancel_children
         self.published = False
         self.stopping = False
         self.attached = False
@@ -97,10 +107,11 @@ class Lifecycle:
         self._quiescent = Latch()
 
     def bind(
-        self, stop: Callable[[], None], actor: Callable[..., Awaitable[None]]
+        self, agent: object, stop: Callable[[], None], actor: Callable[..., Awaitable[None]]
     ) -> None:
-        """The agent's own stop, run once when its disposal begins, and its actor task's
+        """The agent, its own stop, run once when its disposal begins, and its actor task's
         function (``task_status`` reports its nursery open), which the supervisor starts."""
+        self._agent = agent
         self._stop = stop
         self.actor = actor
 
@@ -108,15 +119,15 @@ class Lifecycle:
 
     async def close_scope(self) -> None:
         """Close the agent's scope: its sub-agents (to quiescence), then its registrations."""
-        await self._close_scope()
+        await self.scope.aclose()
 
     def detach(self) -> None:
         """The actor's last act: ask the supervisor to take the agent out of the registries."""
-        self._detach()
+        self._family.detach(self._agent)
 
     def cancel_children(self) -> None:
         """Cancel the running turns of the agent's live sub-agents (cause ``parent``)."""
-        self._cancel_children()
+        self._family.cancel_children(self.agent_id)
 
     # --- publication ---------------------------------------------------------------------
 

@@ -67,7 +67,7 @@ class Requests:
         self._specs: tuple[ToolSpec, ...] = ()
         # The messages of the latest request sent on each route, for request/header's
         # cache_prefix (a snapshot: O(1) to keep and, unless replaced, to compare).
-        self._sent: dict[Route, Sequence[Message]] = {}
+        self._sent: dict[Route, Sequence[Message]] | None = None  # made by the first call
 
     def _visible_specs(self) -> tuple[ToolSpec, ...]:
         registry = self._services.tools
@@ -193,7 +193,10 @@ class Requests:
             system = self._render(planned.template, config)
         effective = prepared.config
         route = (effective.provider, effective.model)
-        before = self._sent.get(route)
+        sent = self._sent
+        if sent is None:
+            sent = self._sent = {}
+        before = sent.get(route)
         session.append(
             _log.REQUEST_HEADER,
             _log.request_header(
@@ -205,7 +208,7 @@ class Requests:
             ),
             turn,
         )
-        self._sent[route] = messages
+        sent[route] = messages
         native = spec is not None and (
             prepared.registration is not None
             and prepared.registration.adapter.supports_json_schema

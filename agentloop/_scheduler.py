@@ -14,15 +14,14 @@ import inspect
 import json
 import math
 from collections import deque
-from collections.abc import Sequence
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
 from . import _log
-from ._approvals import Answer, Approvals, expired_answer
+from ._approvals import Approvals, expired_answer
 from ._errors import InvalidContent
 from ._events import (
     Allow,

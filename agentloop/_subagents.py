@@ -18,9 +18,8 @@ import logging
 import math
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from collections.abc import Callable
 from typing import Any, Final, Literal, cast, final
 
 import attrs
@@ -239,7 +238,8 @@ class SubagentsService:
         """
         frozen = _freeze_content(content) if content is not None else None
         handle, _, _ = await _spawn(
-            self._services, self._supervisor, self._ctx, agent_options=agent_options, setup=setup, session_id=session_id,
+            self._services, self._supervisor, self._ctx, agent_options=agent_options, setup=setup,
+            session_id=session_id,
             seed=seed, meta=meta,
         )
         if frozen is not None:
@@ -267,7 +267,8 @@ class SubagentsService:
         """
         frozen = _freeze_content(content)
         handle, parent, _ = await _spawn(
-            self._services, self._supervisor, self._ctx, agent_options=agent_options, setup=setup, session_id=session_id,
+            self._services, self._supervisor, self._ctx, agent_options=agent_options, setup=setup,
+            session_id=session_id,
             seed=seed, meta=None,
         )
         try:
@@ -498,7 +499,8 @@ class JobsService:
         if deliver:
             meta["job_deliver"] = True
         handle, parent, owner = await _spawn(
-            self._services, self._supervisor, self._ctx, agent_options=agent_options, setup=setup, session_id=session_id,
+            self._services, self._supervisor, self._ctx, agent_options=agent_options, setup=setup,
+            session_id=session_id,
             seed=None, meta=meta,
         )
         jobs = _jobs(self._supervisor)

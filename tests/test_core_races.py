@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 from conftest import OPTIONS, check_log_invariants, of_type, turn_ends
 from hypothesis import given
@@ -37,7 +38,7 @@ def _tools(rt: agentloop.Context, started: list[str], *, parallel: bool = False)
             name: what to write.
         """
         started.append(name)
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
         return "ok"
 
 
