@@ -471,22 +471,9 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             async with trio.open_nursery() as nursery:
                 life.nursery = nursery
                 task_status.started()
-                if not await life.wait_settled():
-                    return  # the creation rolled back: nothing was published
-                try:
-                    if life.stopping:
-                        self._set_grace(nursery)
-                    if not life.attached:
-                        life.attached = True
-                        await services.attach_persistence(
-                            self.session, acquire=life.needs_lease
-                        )
-                    await self._drive()
-                finally:
-                    # Inside the nursery, so what the agent owns (the child actors that run
-                    # here) is disposed to quiescence before the nursery waits for them.
-                    with trio.move_on_after(2 * CLOSE_GRACE, shield=True):
-                        await self._close_scope()
+                # False when the creation rolled back: nothing was published, nothing to do.
+                if await life.wait_settled():
+                    await self._live(nursery)
             if nursery.cancel_scope.cancelled_caught:
                 log.warning("agent %s ignored disposal for %ss; its scope was cancelled",
                             self.id, CLOSE_GRACE)
@@ -502,6 +489,21 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                     await self._close_scope()
                     await services.release_persistence(self.id, life.lease)
                 life.detach()
+
+    async def _live(self, nursery: trio.Nursery) -> None:
+        life = self._life
+        try:
+            if life.stopping:
+                self._set_grace(nursery)
+            if not life.attached:
+                life.attached = True
+                await self._services.attach_persistence(self.session, acquire=life.needs_lease)
+            await self._drive()
+        finally:
+            # Inside the nursery, so what the agent owns (the child actors that run here) is
+            # disposed to quiescence before the nursery waits for them.
+            with trio.move_on_after(2 * CLOSE_GRACE, shield=True):
+                await self._close_scope()
 
     async def _close_scope(self) -> None:
         self._stop()

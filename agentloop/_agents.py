@@ -582,7 +582,9 @@ class Creation:
             try:
                 handle, owed = await self._prepare_and_publish(meta, events)
             except BaseException:
-                await self._roll_back()
+                with trio.move_on_after(CLOSE_GRACE, shield=True):
+                    await self._roll_back()
+                self._release_claim()
                 raise
         self.token.published = True
         self.token.settled.set()
@@ -670,15 +672,18 @@ class Creation:
         return handle, owed
 
     async def _roll_back(self) -> None:
+        """Undo what was prepared (run shielded and bounded by the caller)."""
         services, backend = self.services, self.services.persistence
-        with trio.move_on_after(CLOSE_GRACE, shield=True):
-            if self.agent is not None:
-                scope = self.supervisor.scope_of(self.agent)
-                self.supervisor.forget(self.agent)
-                if scope is not None:
-                    await scope.aclose()
-            if self.leased and backend is not None:
-                await backend.release(self.session_id, services.owner_id)
+        if self.agent is not None:
+            scope = self.supervisor.scope_of(self.agent)
+            self.supervisor.forget(self.agent)
+            if scope is not None:
+                await scope.aclose()
+        if self.leased and backend is not None:
+            await backend.release(self.session_id, services.owner_id)
+
+    def _release_claim(self) -> None:
+        services = self.services
         if services.leases.get(self.session_id) is self.token:
             del services.leases[self.session_id]
         self.token.settled.set()

@@ -292,7 +292,9 @@ PROBES = [
 ]
 
 
-@pytest.mark.parametrize(("file", "line", "check"), PROBES, ids=[f"{p[0]}:{p[1]!r}" for p in PROBES])
+@pytest.mark.parametrize(
+    ("file", "line", "check"), PROBES, ids=[f"{p[0]}:{p[1]!r}" for p in PROBES]
+)
 def test_each_forbidden_import_is_caught(tmp_path: Path, file: str, line: str, check: str) -> None:
     source = ROOT / file
     probe = tmp_path / file
