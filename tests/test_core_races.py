@@ -22,7 +22,15 @@ from hypothesis import strategies as st
 
 import agentloop
 from agentloop import events as ev
-from agentloop.testing import Finish, FunctionModel, ScriptedModel, TextDelta, check_log, reply
+from agentloop.testing import (
+    Finish,
+    FunctionModel,
+    ScriptedModel,
+    TextDelta,
+    ToolCallDelta,
+    check_log,
+    reply,
+)
 
 # --- a cancelled turn starts no tool body ----------------------------------------------------
 
@@ -84,6 +92,37 @@ async def test_a_cancel_from_a_sync_step_result_hook_starts_no_body(rt) -> None:
         assert turn_ends(h.agent) == ["aborted"]
 
 
+async def test_a_cancel_while_the_stream_closes_after_finish_starts_no_body(rt) -> None:
+    started: list[str] = []
+    _tools(rt, started, parallel=True)
+    agents: list[agentloop.Agent] = []
+
+    async def fn(request: Any) -> Any:
+        try:
+            if request.step == 1:
+                yield ToolCallDelta(0, "c1", "write", '{"name": "a"}')
+                yield ToolCallDelta(1, "c2", "write", '{"name": "b"}')
+                yield Finish("tool_calls")
+            else:
+                yield TextDelta("never")
+                yield Finish("stop")
+        finally:
+            # The adapter closes its stream after Finish: a cancel here meets no checkpoint
+            # before the scheduler dispatches.
+            if request.step == 1:
+                agents[0].cancel()
+
+    rt.llm.register("scripted", FunctionModel(fn))
+    async with await rt.agents.create(session_id="s", agent_options=OPTIONS) as h:
+        agents.append(h.agent)
+        h.agent.followup("go")
+        with trio.fail_after(5):
+            await h.agent.wait_idle()
+        assert started == []
+        assert _results(h.agent) == ["ABORTED_BEFORE_DISPATCH"] * 2
+        assert turn_ends(h.agent) == ["aborted"]
+
+
 async def test_approve_then_cancel_in_one_tick_starts_no_body(rt, autojump_clock) -> None:
     rt.llm.register("scripted", ScriptedModel([
         reply(tool_calls=[("write", {"name": "a"})]), reply("never"),
@@ -123,7 +162,36 @@ async def test_approve_after_cancel_is_refused(rt, autojump_clock) -> None:
         assert _results(h.agent) == ["ABORTED_BEFORE_DISPATCH"] * 2
 
 
-_POINTS = ("pre-execute", "step-result", "pre-step", "request", "approval", "continuation")
+_POINTS = (
+    "pre-execute", "step-result", "pre-step", "request", "approval", "continuation",
+    "turn-stopping", "post-execute", "tool-result", "claimed", "appended-call",
+    "appended-anchor", "status",
+)
+
+
+def _cancel_hook(rt: agentloop.Context, point: str, cancel: Any) -> None:
+    """Register ``cancel`` as a synchronous handler at the extension point ``point``."""
+    on = rt.events.on
+    if point == "approval":
+        on(ev.ToolPreExecute, lambda e: agentloop.Ask("?"))
+        on(ev.ToolApproval, cancel)
+    elif point == "request":
+        on(ev.AgentRequest, lambda e: cancel(e) or e.config)
+    elif point == "post-execute":
+        on(ev.ToolPostExecute, lambda e: cancel(e) or e.result)
+    elif point in ("appended-call", "appended-anchor"):
+        kind = "tool/call" if point == "appended-call" else "assistant/message"
+        on(ev.SessionEventAppended, lambda e: cancel(e) if e.event.type == kind else None)
+    elif point == "status":
+        on(ev.AgentStatus, lambda e: cancel(e) if e.status == "running" else None)
+    else:
+        cls: dict[str, Any] = {
+            "pre-execute": ev.ToolPreExecute, "step-result": ev.AgentStepResult,
+            "pre-step": ev.AgentPreStep, "continuation": ev.AgentTurnContinuation,
+            "turn-stopping": ev.AgentTurnStopping, "tool-result": ev.ToolResultEvent,
+            "claimed": ev.InboxClaimed,
+        }
+        on(cls[point], cancel)
 
 
 @given(point=st.sampled_from(_POINTS), parallel=st.booleans(), calls=st.integers(1, 3))
@@ -150,24 +218,15 @@ def test_no_body_starts_after_a_cancel_from_any_sync_handler(
                     cancelled_at.append(len(started))
                     h.agent.cancel()
 
-            cls: dict[str, Any] = {
-                "pre-execute": ev.ToolPreExecute, "step-result": ev.AgentStepResult,
-                "pre-step": ev.AgentPreStep, "request": ev.AgentRequest,
-                "approval": ev.ToolApproval, "continuation": ev.AgentTurnContinuation,
-            }
-            if point == "approval":
-                rt.events.on(ev.ToolPreExecute, lambda e: agentloop.Ask("?"))
-            if point == "request":
-                rt.events.on(cls[point], lambda e: cancel(e) or e.config)
-            else:
-                rt.events.on(cls[point], cancel)
+            _cancel_hook(rt, point, cancel)
             async with h:
                 h.agent.followup("go")
                 with trio.fail_after(10):
                     await h.agent.wait_idle()
                 if cancelled_at:
                     assert len(started) == cancelled_at[0], (point, started, cancelled_at)
-                    assert turn_ends(h.agent) == ["aborted"]
+                    # A cancel at admission ("status") leaves no durable turn at all.
+                    assert turn_ends(h.agent) in (["aborted"], []), turn_ends(h.agent)
                 check_log_invariants(h.agent.session.events)
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
