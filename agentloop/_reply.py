@@ -114,6 +114,122 @@ def _repaired(value: str | None) -> str | None:
     return None if value is None else repair_text(value)
 
 
+class _Fold:
+    """The state of one reply being folded, and the parts of the fold off the per-chunk path.
+
+    ``fold_stream`` binds the lists to locals and handles text and reasoning chunks inline;
+    everything rarer (a reasoning block opening, a tool-call fragment, the stream's close, the
+    anchors) is a method here, so the loop stays one short frame.
+    """
+
+    __slots__ = (
+        "block_no", "blocks", "calls", "seqs", "session", "signature", "step", "stream", "text",
+        "turn", "visible",
+    )
+
+    def __init__(
+        self, session: Session, turn: int, step: int, stream: AsyncIterator[StreamPart]
+    ) -> None:
+        self.session = session
+        self.turn = turn
+        self.step = step
+        self.stream = stream
+        self.text: list[str] = []
+        self.seqs: list[int] = []
+        self.visible: list[int] = []  # the chunks the user saw: what an interruption cites
+        self.blocks: dict[int, _BlockParts] = {}
+        self.block_no = -1  # no block has this number: the first reasoning part opens its block
+        self.signature: str | None = None
+        self.calls: dict[int, _CallParts] = {}
+
+    def open_block(self, part: ReasoningDelta) -> list[str]:
+        """Note a reasoning part that opens a block or carries provider data; its block's
+        text list, where the loop appends the block's fragments."""
+        self.block_no = part.block
+        block = self.blocks.get(part.block)
+        if block is None:
+            block = self.blocks[part.block] = _BlockParts()
+        block.note(part)
+        self.signature = block.signature or self.signature
+        return block.texts
+
+    def note_call(self, part: ToolCallDelta) -> None:
+        call_id, name, fragment = part.id, part.name, part.arguments
+        repaired = False
+        if not (fragment.isascii() and (name is None or name.isascii())
+                and (call_id is None or call_id.isascii())):
+            fixed = (_repaired(call_id), _repaired(name), repair_text(fragment))
+            repaired = fixed != (call_id, name, fragment)
+            call_id, name, fragment = fixed
+        acc = self.calls.get(part.index)
+        if acc is None:
+            acc = self.calls[part.index] = _CallParts(call_id, name, [])
+        else:
+            acc.id = acc.id or call_id
+            acc.name = acc.name or name
+        acc.fragments.append(fragment)
+        chunk = _log.tool_call_chunk(
+            self.step, part.index, call_id, name, fragment, repaired=repaired
+        )
+        self.seqs.append(self.session.append(_log.ASSISTANT_CHUNK, chunk, self.turn).seq)
+
+    async def close(self) -> None:
+        # Shielded and bounded: a cancelled turn still lets the adapter release its
+        # connection, but never waits on it for long.
+        aclose = getattr(self.stream, "aclose", None)
+        if aclose is not None:
+            with trio.move_on_after(CLOSE_SECONDS, shield=True):
+                await aclose()
+
+    def interrupted(self) -> None:
+        """On cancel: what the user already saw stays, as an interrupted anchor citing
+        exactly it (nothing is written when nothing was seen)."""
+        if not self.visible:
+            return
+        self.session.append(
+            _log.ASSISTANT_MESSAGE,
+            _log.assistant_message(
+                step=self.step, content="".join(self.text),
+                reasoning=_reasoning_text(self.blocks), reasoning_signature=self.signature,
+                tool_calls=(), source_event_seqs=tuple(self.visible), finish_reason=None,
+                usage=None, interrupted=True, reasoning_blocks=_blocks_json(self.blocks),
+            ),
+            self.turn,
+        )
+
+    def finished(
+        self, finish: Finish | None,
+        judge: Callable[[str, tuple[ToolCall, ...]], Verdict] | None,
+    ) -> StepOutcome:
+        """Anchor the completed reply (judged first, when ``judge`` is given)."""
+        if finish is None:
+            raise ProviderError(
+                "the model stream ended without a finish", code="incomplete_stream"
+            )
+        tool_calls = tuple(acc.build() for _, acc in sorted(self.calls.items()))
+        renamed: list[FrozenDict] = []
+        if tool_calls:
+            tool_calls = _unique_ids(self.session, tool_calls, renamed)
+        reason = finish.reason  # adapters and Finish itself normalise it
+        content = "".join(self.text)
+        usage = freeze(dict(finish.usage)) if finish.usage else None
+        assert usage is None or isinstance(usage, FrozenDict)
+        verdict = None if judge is None else judge(content, tool_calls)
+        output = freeze(verdict.value) if verdict is not None and verdict.valid else None
+        self.session.append(
+            _log.ASSISTANT_MESSAGE,
+            _log.assistant_message(
+                step=self.step, content=content, reasoning=_reasoning_text(self.blocks),
+                reasoning_signature=self.signature, tool_calls=tool_calls,
+                source_event_seqs=tuple(self.seqs), finish_reason=reason, usage=usage,
+                interrupted=False, renamed=tuple(renamed),
+                reasoning_blocks=_blocks_json(self.blocks), output=output,
+            ),
+            self.turn,
+        )
+        return StepOutcome(reason, content, tool_calls, verdict)
+
+
 async def fold_stream(
     session: Session, turn: int, step: int, stream: AsyncIterator[StreamPart],
     judge: Callable[[str, tuple[ToolCall, ...]], Verdict] | None = None,
@@ -127,15 +243,12 @@ async def fold_stream(
     the guard is this loop, not a wrapper around the stream, so nothing stands between a
     part (or a checkpoint) and the driver. The stream is closed shielded and bounded.
     """
+    fold = _Fold(session, turn, step, stream)
+    # The per-chunk path reads locals only: the fold's lists, bound once.
     append = session.append
-    text: list[str] = []
-    signature: str | None = None
-    blocks: dict[int, _BlockParts] = {}
-    block_no = -1  # no block has this number: the first reasoning part opens its block
+    text, seqs, visible = fold.text, fold.seqs, fold.visible
+    block_no = fold.block_no
     block_texts: list[str] = []
-    seqs: list[int] = []
-    visible: list[int] = []
-    calls: dict[int, _CallParts] = {}
     finish: Finish | None = None
     try:
         # Parts are dispatched on their exact class (one identity test each, on the per-chunk
@@ -161,13 +274,8 @@ async def fold_stream(
                         or part.format is not None or part.fields is not None
                     ):
                         # Off the per-chunk path: a block opens or the provider attaches data.
-                        block_no = part.block
-                        block = blocks.get(block_no)
-                        if block is None:
-                            block = blocks[block_no] = _BlockParts()
-                        block.note(part)
-                        block_texts = block.texts
-                        signature = block.signature or signature
+                        block_texts = fold.open_block(part)
+                        block_no = fold.block_no
                     delta = part.text
                     if not delta:
                         continue
@@ -184,24 +292,7 @@ async def fold_stream(
                     visible.append(seq)
                     (text if is_text else block_texts).append(delta)
                 elif cls is ToolCallDelta:
-                    call_id, name, fragment = part.id, part.name, part.arguments
-                    repaired = False
-                    if not (fragment.isascii() and (name is None or name.isascii())
-                            and (call_id is None or call_id.isascii())):
-                        fixed = (_repaired(call_id), _repaired(name), repair_text(fragment))
-                        repaired = fixed != (call_id, name, fragment)
-                        call_id, name, fragment = fixed
-                    acc = calls.get(part.index)
-                    if acc is None:
-                        acc = calls[part.index] = _CallParts(call_id, name, [])
-                    else:
-                        acc.id = acc.id or call_id
-                        acc.name = acc.name or name
-                    acc.fragments.append(fragment)
-                    chunk = _log.tool_call_chunk(
-                        step, part.index, call_id, name, fragment, repaired=repaired
-                    )
-                    seqs.append(append(_log.ASSISTANT_CHUNK, chunk, turn).seq)
+                    fold.note_call(part)
                 elif cls is Finish:
                     finish = part
                     break
@@ -211,50 +302,11 @@ async def fold_stream(
                         code="invalid_stream",
                     )
         finally:
-            # Shielded and bounded: a cancelled turn still lets the adapter release its
-            # connection, but never waits on it for long.
-            aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
-                with trio.move_on_after(CLOSE_SECONDS, shield=True):
-                    await aclose()
+            await fold.close()  # noqa: ASYNC102 - the close shields and bounds itself
     except trio.Cancelled:
-        if visible:
-            # What the user already saw stays: an interrupted anchor cites exactly it.
-            append(
-                _log.ASSISTANT_MESSAGE,
-                _log.assistant_message(
-                    step=step, content="".join(text), reasoning=_reasoning_text(blocks),
-                    reasoning_signature=signature, tool_calls=(),
-                    source_event_seqs=tuple(visible), finish_reason=None, usage=None,
-                    interrupted=True, reasoning_blocks=_blocks_json(blocks),
-                ),
-                turn,
-            )
+        fold.interrupted()
         raise
-    if finish is None:
-        raise ProviderError("the model stream ended without a finish", code="incomplete_stream")
-    tool_calls = tuple(acc.build() for _, acc in sorted(calls.items()))
-    renamed: list[FrozenDict] = []
-    if tool_calls:
-        tool_calls = _unique_ids(session, tool_calls, renamed)
-    reason = finish.reason  # adapters and Finish itself normalise it
-    content = "".join(text)
-    usage = freeze(dict(finish.usage)) if finish.usage else None
-    assert usage is None or isinstance(usage, FrozenDict)
-    verdict = None if judge is None else judge(content, tool_calls)
-    output = freeze(verdict.value) if verdict is not None and verdict.valid else None
-    append(
-        _log.ASSISTANT_MESSAGE,
-        _log.assistant_message(
-            step=step, content=content, reasoning=_reasoning_text(blocks),
-            reasoning_signature=signature, tool_calls=tool_calls,
-            source_event_seqs=tuple(seqs), finish_reason=reason, usage=usage,
-            interrupted=False, renamed=tuple(renamed), reasoning_blocks=_blocks_json(blocks),
-            output=output,
-        ),
-        turn,
-    )
-    return StepOutcome(reason, content, tool_calls, verdict)
+    return fold.finished(finish, judge)
 
 
 def _unique_ids(

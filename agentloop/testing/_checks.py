@@ -63,110 +63,153 @@ def check_log(
     events: Sequence[SessionEvent] = (
         session if isinstance(session, Sequence) else session.events
     )
-
-    def fail(index: int, message: str) -> None:
-        raise AssertionError(f"{message}\n{_around(events, index)}")
-
-    open_turn: int | None = None
-    last_turn = 0
-    calls: dict[str, int] = {}  # call_id -> index of its tool/call
-    answered: dict[str, int] = {}
-    parked: set[str] = set()
-    order: list[str] = []  # calls in log order, for the result-order rule
-    chunks: dict[int, tuple[int | None, Any]] = {}  # seq -> (turn, step) of assistant/chunk
-    cited: dict[int, int] = {}  # chunk seq -> anchor seq
+    walk = _LogWalk(events)
     for i, e in enumerate(events):
+        walk.seq(i, e)
+        walk.turn(i, e)
+        walk.tool(i, e)
+        walk.anchor(i, e)
+    if quiescent and events:
+        walk.quiescent()
+    if disposed_at is not None and len(events) > disposed_at:
+        walk.fail(disposed_at, f"seq {events[disposed_at].seq} ({events[disposed_at].type}) "
+                               f"was appended after the agent was disposed at seq "
+                               f"{disposed_at}; expected nothing after disposal")
+
+
+class _LogWalk:
+    """What :func:`check_log` remembers while it walks a log, one method per group of rules."""
+
+    def __init__(self, events: Sequence[SessionEvent]) -> None:
+        self.events = events
+        self.open_turn: int | None = None
+        self.last_turn = 0
+        self.calls: dict[str, int] = {}  # call_id -> index of its tool/call
+        self.answered: dict[str, int] = {}
+        self.parked: set[str] = set()
+        self.order: list[str] = []  # calls in log order, for the result-order rule
+        self.chunks: dict[int, tuple[int | None, Any]] = {}  # seq -> (turn, step) of a chunk
+        self.cited: dict[int, int] = {}  # chunk seq -> anchor seq
+
+    def fail(self, index: int, message: str) -> None:
+        raise AssertionError(f"{message}\n{_around(self.events, index)}")
+
+    def seq(self, i: int, e: SessionEvent) -> None:
         if e.seq != i + 1:
-            fail(i, f"event #{i + 1} of the log has seq {e.seq}, expected seq {i + 1}: seqs "
-                    "must run from 1 without gaps or repeats")
+            self.fail(i, f"event #{i + 1} of the log has seq {e.seq}, expected seq {i + 1}: "
+                         "seqs must run from 1 without gaps or repeats")
+
+    def turn(self, i: int, e: SessionEvent) -> None:
+        """Turns open and close in order; turn-scoped events lie inside their turn."""
+        open_turn = self.open_turn
         if e.type == "turn/start":
             if open_turn is not None:
-                fail(i, f"seq {e.seq}: turn {e.turn} starts while turn {open_turn} is still "
-                        f"open; expected a turn/end of turn {open_turn} first")
-            if e.turn != last_turn + 1:
-                fail(i, f"seq {e.seq}: turn/start numbers its turn {e.turn}, expected turn "
-                        f"{last_turn + 1} (turns are numbered 1, 2, 3, ... per session)")
-            open_turn = e.turn
-            last_turn = e.turn if e.turn is not None else last_turn
+                self.fail(i, f"seq {e.seq}: turn {e.turn} starts while turn {open_turn} is "
+                             f"still open; expected a turn/end of turn {open_turn} first")
+            if e.turn != self.last_turn + 1:
+                self.fail(i, f"seq {e.seq}: turn/start numbers its turn {e.turn}, expected "
+                             f"turn {self.last_turn + 1} (turns are numbered 1, 2, 3, ... per "
+                             "session)")
+            self.open_turn = e.turn
+            self.last_turn = e.turn if e.turn is not None else self.last_turn
         elif e.type == "turn/end":
             if open_turn is None:
-                fail(i, f"seq {e.seq}: turn/end of turn {e.turn} while no turn is open; "
-                        "expected a turn/start before it")
+                self.fail(i, f"seq {e.seq}: turn/end of turn {e.turn} while no turn is open; "
+                             "expected a turn/start before it")
             if e.turn != open_turn:
-                fail(i, f"seq {e.seq}: turn/end says turn {e.turn}, but turn {open_turn} is "
-                        "the one open")
-            open_turn = None
+                self.fail(i, f"seq {e.seq}: turn/end says turn {e.turn}, but turn {open_turn} "
+                             "is the one open")
+            self.open_turn = None
         elif e.type in _IN_TURN:
             if open_turn is None:
-                fail(i, f"seq {e.seq}: {e.type} outside any turn; expected it between a "
-                        "turn/start and its turn/end")
+                self.fail(i, f"seq {e.seq}: {e.type} outside any turn; expected it between a "
+                             "turn/start and its turn/end")
             if e.turn is not None and e.turn != open_turn:
-                fail(i, f"seq {e.seq}: {e.type} says turn {e.turn} inside turn {open_turn}")
+                self.fail(i, f"seq {e.seq}: {e.type} says turn {e.turn} inside turn "
+                             f"{open_turn}")
+
+    def tool(self, i: int, e: SessionEvent) -> None:
+        """Each call once; at most one result per call, after it, in call order."""
         if e.type == "tool/call":
             cid = e.data.get("call_id")
             if not isinstance(cid, str):
-                fail(i, f"seq {e.seq}: tool/call without a call_id")
+                self.fail(i, f"seq {e.seq}: tool/call without a call_id")
             assert isinstance(cid, str)
-            if cid in calls:
-                fail(i, f"seq {e.seq}: call_id {cid!r} is called a second time (first at seq "
-                        f"{events[calls[cid]].seq}); expected each call once")
-            calls[cid] = i
-            order.append(cid)
+            if cid in self.calls:
+                self.fail(i, f"seq {e.seq}: call_id {cid!r} is called a second time (first at "
+                             f"seq {self.events[self.calls[cid]].seq}); expected each call "
+                             "once")
+            self.calls[cid] = i
+            self.order.append(cid)
         elif e.type == _APPROVAL:
             cid = e.data.get("call_id")
             if isinstance(cid, str):
-                parked.add(cid)
+                self.parked.add(cid)
         elif e.type == "tool/result":
-            cid = e.data.get("call_id")
-            if cid not in calls:
-                fail(i, f"seq {e.seq}: tool/result for call_id {cid!r}, which has no earlier "
-                        "tool/call; expected the call to be logged before its result")
-            assert isinstance(cid, str)
-            if cid in answered:
-                fail(i, f"seq {e.seq}: a second tool/result for call_id {cid!r} (the first "
-                        f"is seq {events[answered[cid]].seq}); expected exactly one")
-            if cid not in parked:
-                waiting = [c for c in order if c not in answered and c not in parked]
-                if waiting and waiting[0] != cid:
-                    fail(i, f"seq {e.seq}: the result of {cid!r} comes before the result of "
-                            f"{waiting[0]!r}, which was called first (seq "
-                            f"{events[calls[waiting[0]]].seq}); results must keep call order")
-            answered[cid] = i
-        elif e.type == "assistant/chunk":
-            chunks[e.seq] = (e.turn, e.data.get("step"))
-        elif e.type == "assistant/message":
-            step = e.data.get("step")
-            for source in e.data.get("source_event_seqs", ()) or ():
-                if source not in chunks:
-                    kind = (
-                        events[source - 1].type if isinstance(source, int)
-                        and 0 < source <= len(events) else "no such event"
-                    )
-                    fail(i, f"seq {e.seq}: the anchor cites seq {source!r} as a source, which "
-                            f"is not an earlier assistant/chunk ({kind})")
-                turn, chunk_step = chunks[source]
-                if (turn, chunk_step) != (e.turn, step):
-                    fail(i, f"seq {e.seq}: the anchor of turn {e.turn} step {step} cites "
-                            f"chunk seq {source}, which belongs to turn {turn} step "
-                            f"{chunk_step}")
-                if source in cited:
-                    fail(i, f"seq {e.seq}: the anchor cites chunk seq {source}, already cited "
-                            f"by the anchor at seq {cited[source]}")
-                cited[source] = e.seq
-    if quiescent and events:
+            self.result(i, e)
+
+    def result(self, i: int, e: SessionEvent) -> None:
+        cid = e.data.get("call_id")
+        if cid not in self.calls:
+            self.fail(i, f"seq {e.seq}: tool/result for call_id {cid!r}, which has no earlier "
+                         "tool/call; expected the call to be logged before its result")
+        assert isinstance(cid, str)
+        if cid in self.answered:
+            self.fail(i, f"seq {e.seq}: a second tool/result for call_id {cid!r} (the first "
+                         f"is seq {self.events[self.answered[cid]].seq}); expected exactly "
+                         "one")
+        if cid not in self.parked:
+            waiting = self.waiting()
+            if waiting and waiting[0] != cid:
+                self.fail(i, f"seq {e.seq}: the result of {cid!r} comes before the result of "
+                             f"{waiting[0]!r}, which was called first (seq "
+                             f"{self.events[self.calls[waiting[0]]].seq}); results must keep "
+                             "call order")
+        self.answered[cid] = i
+
+    def waiting(self) -> list[str]:
+        """Calls without a result that are not parked for approval, in call order."""
+        return [c for c in self.order if c not in self.answered and c not in self.parked]
+
+    def anchor(self, i: int, e: SessionEvent) -> None:
+        """An anchor cites earlier chunks of its own turn and step, each chunk once."""
+        if e.type == "assistant/chunk":
+            self.chunks[e.seq] = (e.turn, e.data.get("step"))
+            return
+        if e.type != "assistant/message":
+            return
+        events, step = self.events, e.data.get("step")
+        for source in e.data.get("source_event_seqs", ()) or ():
+            if source not in self.chunks:
+                kind = (
+                    events[source - 1].type if isinstance(source, int)
+                    and 0 < source <= len(events) else "no such event"
+                )
+                self.fail(i, f"seq {e.seq}: the anchor cites seq {source!r} as a source, "
+                             f"which is not an earlier assistant/chunk ({kind})")
+            turn, chunk_step = self.chunks[source]
+            if (turn, chunk_step) != (e.turn, step):
+                self.fail(i, f"seq {e.seq}: the anchor of turn {e.turn} step {step} cites "
+                             f"chunk seq {source}, which belongs to turn {turn} step "
+                             f"{chunk_step}")
+            if source in self.cited:
+                self.fail(i, f"seq {e.seq}: the anchor cites chunk seq {source}, already "
+                             f"cited by the anchor at seq {self.cited[source]}")
+            self.cited[source] = e.seq
+
+    def quiescent(self) -> None:
+        """An idle agent's log: the last turn closed, every call not parked answered."""
+        events = self.events
         end = len(events) - 1
-        if open_turn is not None:
-            fail(end, f"turn {open_turn} is still open at the end of the log (seq "
-                      f"{events[end].seq}); expected a turn/end once the agent is idle")
-        missing = [c for c in order if c not in answered and c not in parked]
+        if self.open_turn is not None:
+            self.fail(end, f"turn {self.open_turn} is still open at the end of the log (seq "
+                           f"{events[end].seq}); expected a turn/end once the agent is idle")
+        missing = self.waiting()
         if missing:
-            fail(calls[missing[0]], f"call_id {missing[0]!r} (seq "
-                                    f"{events[calls[missing[0]]].seq}) never got a tool/result; "
-                                    "expected every call answered by the end of its turn")
-    if disposed_at is not None and len(events) > disposed_at:
-        fail(disposed_at, f"seq {events[disposed_at].seq} ({events[disposed_at].type}) was "
-                          f"appended after the agent was disposed at seq {disposed_at}; "
-                          "expected nothing after disposal")
+            first = self.calls[missing[0]]
+            self.fail(first, f"call_id {missing[0]!r} (seq {events[first].seq}) never got a "
+                             "tool/result; expected every call answered by the end of its "
+                             "turn")
 
 
 def _show_message(m: Message) -> str:

@@ -124,92 +124,130 @@ async def check_persistence_backend(
     meta = FrozenDict(cwd="/work/project", label="conformance", nested=FrozenDict(a=(1, 2)))
     log = _log(3, "first")
     async with _opened(factory, path) as store:
-        if await store.exists("s1"):
-            raise _fail("exists() of a session never created", "False", True)
-        try:
-            await store.load("s1")
-        except SessionNotFound:
-            pass
-        else:
-            raise _fail("load() of a session never created", "SessionNotFound", "a session")
-        await store.create("s1", meta)
-        if not await store.exists("s1"):
-            raise _fail("exists() after create()", "True", False)
-        await _expect_persistence_error("a second create() of the same id",
-                                        store.create("s1", meta))
-        for e in log:
-            store.append("s1", e)
-        await store.flush("s1", log[-1].seq)
-        await store.flush("s1", log[-1].seq)  # nothing pending: must simply return
-        loaded = await store.load("s1")
-        if loaded.meta != meta:
-            raise _fail("the metadata loaded back", repr(meta), loaded.meta)
-        _same("the log loaded back after flush", loaded.events, log)
-
-        await store.acquire("s1", "owner-a")
-        await _expect_persistence_error("acquire() by a second owner on the same backend",
-                                        store.acquire("s1", "owner-b"))
-        async with _opened(factory, path) as other:
-            await _expect_persistence_error(
-                "acquire() by a second owner through another backend on the same path",
-                other.acquire("s1", "owner-b"),
-            )
-            _same("the log read through another backend on the same path",
-                  (await other.load("s1")).events, log)
-        await store.release("s1", "owner-a")
-        await store.acquire("s1", "owner-b")
-        await store.release("s1", "owner-b")
-
-        store.append("ghost", _event(1, "turn/start", 1, turn=1))
-        await _expect_persistence_error("flush() of events of a session never created",
-                                        store.flush("ghost", 1))
-        await store.create("s2", FrozenDict())
-        store.append("s2", _event(1, "turn/start", 1, turn=1))
-        store.append("s2", _event(1, "turn/start", 1, turn=1))
-        await _expect_persistence_error("flush() after a repeated seq", store.flush("s2", 1))
-        more = _turn(len(log) + 1, 4, "after the broken sessions")
-        for e in more:
-            store.append("s1", e)
-        await store.flush("s1", more[-1].seq)
-        log += more
+        await _check_create(store, meta)
+        await _check_round_trip(store, meta, log)
+        await _check_leases(store, factory, path, log)
+        log += await _check_refused_events(store, len(log))
     async with _opened(factory, path) as reopened:
         _same("the log after closing and reopening the backend",
               (await reopened.load("s1")).events, log)
-
-        async def write(sid: str, n: int) -> None:
-            await reopened.create(sid, FrozenDict(n=n))
-            events = _log(n, sid)
-            for e in events:
-                reopened.append(sid, e)
-                if e.seq % 3 == 0:
-                    await trio.lowlevel.checkpoint()
-            await reopened.flush(sid, events[-1].seq)
-
-        sids = [f"c{i}" for i in range(6)]
-        async with trio.open_nursery() as nursery:
-            for i, sid in enumerate(sids):
-                nursery.start_soon(write, sid, i + 2)
-        for i, sid in enumerate(sids):
-            _same(f"session {sid} written concurrently with others",
-                  (await reopened.load(sid)).events, _log(i + 2, sid))
-        listed = {info.id for info in await reopened.list()}
-        missing = {"s1", *sids} - listed
-        if missing:
-            raise _fail("list()", f"every stored session, including {sorted(missing)}",
-                        sorted(listed))
+        await _check_concurrent_sessions(reopened)
     if corrupt is not None:
-        done = corrupt(path, "s1")
-        if inspect.isawaitable(done):
-            await done
-        async with _opened(factory, path) as damaged:
-            await _expect_persistence_error("load() of a session whose stored data is damaged",
-                                            damaged.load("s1"))
+        await _check_damage_refused(factory, path, corrupt)
     if file_based:
-        garbage = base / "not-a-store"
-        garbage.write_bytes(b"this is not a session store\n" * 64)
+        await _check_not_a_store(factory, base)
 
-        async def open_garbage() -> None:
-            async with _opened(factory, garbage) as store:
-                await store.list()
 
-        await _expect_persistence_error("opening a file that is not a store", open_garbage())
+async def _check_create(store: SessionPersistence, meta: FrozenDict) -> None:
+    """An unknown session does not exist and does not load; a second create is refused."""
+    if await store.exists("s1"):
+        raise _fail("exists() of a session never created", "False", True)
+    try:
+        await store.load("s1")
+    except SessionNotFound:
+        pass
+    else:
+        raise _fail("load() of a session never created", "SessionNotFound", "a session")
+    await store.create("s1", meta)
+    if not await store.exists("s1"):
+        raise _fail("exists() after create()", "True", False)
+    await _expect_persistence_error("a second create() of the same id",
+                                    store.create("s1", meta))
+
+
+async def _check_round_trip(
+    store: SessionPersistence, meta: FrozenDict, log: list[SessionEvent]
+) -> None:
+    """Flushed events and the metadata load back as written; an idle flush returns."""
+    for e in log:
+        store.append("s1", e)
+    await store.flush("s1", log[-1].seq)
+    await store.flush("s1", log[-1].seq)  # nothing pending: must simply return
+    loaded = await store.load("s1")
+    if loaded.meta != meta:
+        raise _fail("the metadata loaded back", repr(meta), loaded.meta)
+    _same("the log loaded back after flush", loaded.events, log)
+
+
+async def _check_leases(
+    store: SessionPersistence, factory: Factory, path: Path, log: list[SessionEvent]
+) -> None:
+    """A held lease is refused to a second owner, here and through another backend on the
+    same path (which reads the same log); once released, another owner takes it."""
+    await store.acquire("s1", "owner-a")
+    await _expect_persistence_error("acquire() by a second owner on the same backend",
+                                    store.acquire("s1", "owner-b"))
+    async with _opened(factory, path) as other:
+        await _expect_persistence_error(
+            "acquire() by a second owner through another backend on the same path",
+            other.acquire("s1", "owner-b"),
+        )
+        _same("the log read through another backend on the same path",
+              (await other.load("s1")).events, log)
+    await store.release("s1", "owner-a")
+    await store.acquire("s1", "owner-b")
+    await store.release("s1", "owner-b")
+
+
+async def _check_refused_events(store: SessionPersistence, stored: int) -> list[SessionEvent]:
+    """Events that cannot be stored fail their session's flush, and only that session's:
+    one more turn of ``s1`` (which holds ``stored`` events) is flushed after them and
+    returned."""
+    store.append("ghost", _event(1, "turn/start", 1, turn=1))
+    await _expect_persistence_error("flush() of events of a session never created",
+                                    store.flush("ghost", 1))
+    await store.create("s2", FrozenDict())
+    store.append("s2", _event(1, "turn/start", 1, turn=1))
+    store.append("s2", _event(1, "turn/start", 1, turn=1))
+    await _expect_persistence_error("flush() after a repeated seq", store.flush("s2", 1))
+    more = _turn(stored + 1, 4, "after the broken sessions")
+    for e in more:
+        store.append("s1", e)
+    await store.flush("s1", more[-1].seq)
+    return more
+
+
+async def _check_concurrent_sessions(store: SessionPersistence) -> None:
+    """Sessions written concurrently each load as written, and ``list`` names them all."""
+
+    async def write(sid: str, n: int) -> None:
+        await store.create(sid, FrozenDict(n=n))
+        events = _log(n, sid)
+        for e in events:
+            store.append(sid, e)
+            if e.seq % 3 == 0:
+                await trio.lowlevel.checkpoint()
+        await store.flush(sid, events[-1].seq)
+
+    sids = [f"c{i}" for i in range(6)]
+    async with trio.open_nursery() as nursery:
+        for i, sid in enumerate(sids):
+            nursery.start_soon(write, sid, i + 2)
+    for i, sid in enumerate(sids):
+        _same(f"session {sid} written concurrently with others",
+              (await store.load(sid)).events, _log(i + 2, sid))
+    listed = {info.id for info in await store.list()}
+    missing = {"s1", *sids} - listed
+    if missing:
+        raise _fail("list()", f"every stored session, including {sorted(missing)}",
+                    sorted(listed))
+
+
+async def _check_damage_refused(factory: Factory, path: Path, corrupt: Corrupt) -> None:
+    done = corrupt(path, "s1")
+    if inspect.isawaitable(done):
+        await done
+    async with _opened(factory, path) as damaged:
+        await _expect_persistence_error("load() of a session whose stored data is damaged",
+                                        damaged.load("s1"))
+
+
+async def _check_not_a_store(factory: Factory, base: Path) -> None:
+    garbage = base / "not-a-store"
+    garbage.write_bytes(b"this is not a session store\n" * 64)
+
+    async def open_garbage() -> None:
+        async with _opened(factory, garbage) as store:
+            await store.list()
+
+    await _expect_persistence_error("opening a file that is not a store", open_garbage())

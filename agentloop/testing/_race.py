@@ -470,43 +470,12 @@ def run_race(
     state: dict[str, Any] = {"applied": 0, "race": None}
 
     async def main() -> None:
+        seen = _Seen()
         async with open_runtime(config, plugins=plugins) as ctx:
-            events: list[Any] = []
-            sessions: dict[int, Session] = {}
-            latest: dict[str, Session] = {}
-            disposed_at: dict[int, int] = {}
-            for cls in (InboxInserted, InboxClaimed, InboxDiscarded):
-                ctx.events.on(cls, events.append)
-
-            def created(e: AgentCreated) -> None:
-                agent = ctx.agents.get(e.agent_id)
-                if agent is not None:
-                    sessions[id(agent.session)] = latest[e.agent_id] = agent.session
-
-            def disposed(e: AgentDisposedEvent) -> None:
-                session = latest.get(e.agent_id)
-                if session is not None:
-                    disposed_at.setdefault(id(session), len(session.events))
-
-            ctx.events.on(AgentCreated, created)
-            ctx.events.on(AgentDisposedEvent, disposed)
-            built: Any = None
-            if build is not None:
-                built = build(ctx)
-                if inspect.isawaitable(built):
-                    built = await built
-            else:
-                register_race_tools(ctx)
-            if ctx.llm.adapter(PROVIDER) is None:
-                ctx.llm.register(PROVIDER, RaceModel(script))
-            if built is None:
-                built = [
-                    await ctx.agents.create(session_id=f"race-{i}", agent_options=OPTIONS)
-                    for i in range(agents)
-                ]
-            handles: list[AgentHandle] = list(built)
+            seen.watch(ctx)
+            handles = await _build_agents(ctx, build, script, agents)
             async with trio.open_nursery() as nursery:
-                race = Race(ctx, handles, nursery, events, sessions, disposed_at)
+                race = Race(ctx, handles, nursery, seen.events, seen.sessions, seen.disposed_at)
                 state["race"] = race
                 for op in ops:
                     await op.apply(race)
@@ -517,21 +486,9 @@ def run_race(
             exiting = bool(race.state.get("exit"))
             if not exiting:
                 with trio.fail_after(timeout):
-                    for h in list(handles):
-                        if h.agent.status != "disposed":
-                            await h.agent.wait_idle()
-                    await trio.testing.wait_all_tasks_blocked()
-            live = [h.agent for h in handles if h.agent.status != "disposed"]
-            pending = [m for a in live for m in (*a.inbox.next_turn, *a.inbox.next_step)]
-            for h in handles:
-                sessions.setdefault(id(h.agent.session), h.agent.session)
-            _check_sessions(sessions, disposed_at, providers, quiescent=not exiting)
-            check_inbox(events, pending=pending)
-            if check is not None:
-                result = check(ctx, handles)
-                if inspect.isawaitable(result):
-                    await result
-        _check_sessions(sessions, disposed_at, providers, closed=True)
+                    await _wait_idle(handles)
+            await _check_live(ctx, handles, seen, providers, check, quiescent=not exiting)
+        _check_sessions(seen.sessions, seen.disposed_at, providers, closed=True)
 
     try:
         trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
@@ -540,6 +497,81 @@ def run_race(
         raise AssertionError(
             _report(ops, state["applied"], script, state["race"], error)
         ) from error
+
+
+@attrs.define(eq=False)
+class _Seen:
+    """What a race records as it runs: the inbox events, every session an agent was created
+    on (by ``id``), and each one's length when its agent was disposed."""
+
+    events: list[Any] = attrs.field(factory=list)
+    sessions: dict[int, Session] = attrs.field(factory=dict)
+    latest: dict[str, Session] = attrs.field(factory=dict)  # agent id -> its newest session
+    disposed_at: dict[int, int] = attrs.field(factory=dict)
+
+    def watch(self, ctx: Context) -> None:
+        for cls in (InboxInserted, InboxClaimed, InboxDiscarded):
+            ctx.events.on(cls, self.events.append)
+
+        def created(e: AgentCreated) -> None:
+            agent = ctx.agents.get(e.agent_id)
+            if agent is not None:
+                self.sessions[id(agent.session)] = self.latest[e.agent_id] = agent.session
+
+        def disposed(e: AgentDisposedEvent) -> None:
+            session = self.latest.get(e.agent_id)
+            if session is not None:
+                self.disposed_at.setdefault(id(session), len(session.events))
+
+        ctx.events.on(AgentCreated, created)
+        ctx.events.on(AgentDisposedEvent, disposed)
+
+
+async def _build_agents(
+    ctx: Context, build: Build | None, script: Sequence[Behaviour], agents: int
+) -> list[AgentHandle]:
+    """The handles the operations act on: ``build``'s, or ``agents`` new ones on ``"race"``."""
+    built: Any = None
+    if build is not None:
+        built = build(ctx)
+        if inspect.isawaitable(built):
+            built = await built
+    else:
+        register_race_tools(ctx)
+    if ctx.llm.adapter(PROVIDER) is None:
+        ctx.llm.register(PROVIDER, RaceModel(script))
+    if built is None:
+        built = [
+            await ctx.agents.create(session_id=f"race-{i}", agent_options=OPTIONS)
+            for i in range(agents)
+        ]
+    return list(built)
+
+
+async def _wait_idle(handles: list[AgentHandle]) -> None:
+    """Every live agent idle, then every task blocked."""
+    for h in list(handles):
+        if h.agent.status != "disposed":
+            await h.agent.wait_idle()
+    await trio.testing.wait_all_tasks_blocked()
+
+
+async def _check_live(
+    ctx: Context, handles: list[AgentHandle], seen: _Seen,
+    providers: Sequence[Literal["openai", "anthropic"]], check: Check | None, *,
+    quiescent: bool,
+) -> None:
+    """The checks made before the runtime closes: logs, histories, inbox fates, ``check``."""
+    live = [h.agent for h in handles if h.agent.status != "disposed"]
+    pending = [m for a in live for m in (*a.inbox.next_turn, *a.inbox.next_step)]
+    for h in handles:
+        seen.sessions.setdefault(id(h.agent.session), h.agent.session)
+    _check_sessions(seen.sessions, seen.disposed_at, providers, quiescent=quiescent)
+    check_inbox(seen.events, pending=pending)
+    if check is not None:
+        result = check(ctx, handles)
+        if inspect.isawaitable(result):
+            await result
 
 
 def _check_sessions(
