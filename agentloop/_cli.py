@@ -57,7 +57,7 @@ from agentloop import (
     load_config,
     open_runtime,
 )
-from agentloop.events import PluginFailed
+from agentloop.events import McpServerFailed, PluginFailed
 
 from ._cli_render import context_window, last_context_use, status_line
 
@@ -545,11 +545,16 @@ async def _runtime(
             # The provider it served is gone; the next model call will fail on that.
             _warn(err, f"plugin {event.plugin} stopped: {_error_text(event.error)}")
 
+    def on_mcp_failure(event: McpServerFailed) -> None:
+        _warn(err, event.message)
+
     async def watch_plugins(ctx: Context) -> None:
         ctx.events.on(PluginFailed, on_failure)
+        ctx.events.on(McpServerFailed, on_mcp_failure)
         await trio.lowlevel.checkpoint()
 
-    plugins: list[Any] = [watch_plugins]
+    # The watcher loads first, before the config's own plugins, to hear of their failures.
+    plugins: list[Any] = [watch_plugins, *plan.config.plugins]
     store_name = None
     if plan.db is not None:
         from agentloop_sqlite import sqlite
@@ -565,7 +570,8 @@ async def _runtime(
         plugins.append("compact")
     for warning in plan.route.warnings:
         _warn(err, warning)
-    async with open_runtime(plan.config, plugins=plugins) as rt:
+    config = attrs.evolve(plan.config, plugins=())
+    async with open_runtime(config, plugins=plugins) as rt:
         if failures:
             failure = failures[0]
             # A store that cannot be opened is configuration (--db, [persistence]).

@@ -26,8 +26,8 @@ from ._events import InboxInserted as InboxInserted
 from ._events import InboxSpliced as InboxSpliced
 from ._events import InvariantViolated as InvariantViolated
 from ._events import LlmRetry as LlmRetry
-from ._events import McpServerFailed as McpServerFailed
 from ._events import LlmStream as LlmStream
+from ._events import McpServerFailed as McpServerFailed
 from ._events import PluginFailed as PluginFailed
 from ._events import Reject as Reject
 from ._events import Replace as Replace

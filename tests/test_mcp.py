@@ -361,8 +361,8 @@ def test_config_forms_and_defaults() -> None:
          "mcp.servers[0].name: must be letters, digits, '_' or '-', got 'a b'"),
         ({"servers": [{"command": "x"}]}, "mcp.servers[0].name: is required"),
         ({"servers": [{"name": "a"}]},
-         "mcp.servers[0].command: give either command (a stdio server) or url "
-         "(streamable HTTP), got neither"),
+         ("mcp.servers[0].command: give either command (a stdio server) or url "
+         "(streamable HTTP), got neither")),
         ({"servers": [{"name": "a", "command": "x", "url": "http://127.0.0.1/mcp"}]},
          "got both"),
         ({"servers": [{"name": "a", "url": "ftp://example/mcp"}]},

@@ -236,6 +236,7 @@ class _ServerActor:
         self.calls: set[trio.CancelScope] = set()
         self.disposers: list[Disposer] = []
         self.stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL)
+        self.http_refusal = ""
 
     @property
     def name(self) -> str:
@@ -314,8 +315,9 @@ class _ServerActor:
             )
         else:
             phase = "failed to start"
+        said = f" ({self.http_refusal})" if self.http_refusal and not self.started else ""
         error = ServerError(
-            f"MCP server {self.name!r} {phase}: {_describe(failure)}",
+            f"MCP server {self.name!r} {phase}: {_describe(failure)}{said}",
             server=self.name,
             stderr=self.stderr_tail if self.config.url is None else (),
         )
@@ -335,17 +337,26 @@ class _ServerActor:
         cfg = self.config
         assert cfg.url is not None
         url = cfg.url
+        self.http_refusal = ""
         headers = _header_values(cfg, os.environ)
 
         @asynccontextmanager
         async def transport(lost: trio.Event) -> AsyncIterator[Any]:
             http = httpx2.AsyncClient(
-                headers=headers, timeout=httpx2.Timeout(30.0, read=300.0)
+                headers=headers,
+                timeout=httpx2.Timeout(30.0, read=300.0),
+                event_hooks={"response": [self._saw_response]},
             )
             async with http, streamable_http_client(url, http_client=http) as (read, write):
                 yield _WatchedReceive(read, lost), write
 
         return transport
+
+    async def _saw_response(self, response: httpx2.Response) -> None:
+        # The SDK turns a refusal into a generic JSON-RPC error; the status says why.
+        await trio.lowlevel.checkpoint()
+        if response.status_code >= 400:
+            self.http_refusal = f"HTTP {response.status_code} {response.reason_phrase}".strip()
 
     async def _serve(
         self, transport: Callable[[trio.Event], Any], ready: Callable[[], None]
@@ -483,7 +494,8 @@ class _ServerActor:
         self, method: str, render: Callable[[Any], ToolResult], *args: Any, what: str = ""
     ) -> ToolResult:
         client, lost = self.client, self.lost
-        if client is None or lost is None:
+        # A lost connection is known here before the actor has woken to restart it.
+        if client is None or lost is None or lost.is_set():
             why = "is restarting; try again shortly" if self.restarting else "is not running"
             return self._unavailable(why)
         timeout = self.config.tool_timeout
@@ -520,6 +532,9 @@ class _ServerActor:
             _is_transport_error(cause)
         )
         message = str(exc).split("\n", 1)[0]
+        said = [line for line in getattr(exc, "stderr", ()) if line.strip()]
+        if said:
+            message += f" (last line of its stderr: {said[-1].strip()})"
         if restarting:
             message += "; trying again"
         log.error("%s", exc, exc_info=None if expected else exc)
