@@ -594,6 +594,12 @@ async def _open_agent(
     return await rt.agents.create(session_id=session_id, meta=meta, agent_options=options)
 
 
+# The protocol servers (``mcp-serve``, ``acp``) open their runtime and agents as run/chat do.
+cli_runtime = _runtime
+open_cli_agent = _open_agent
+warn = _warn
+
+
 def _header(err: TextIO, plan: Plan, options: AgentOptions, session_id: str) -> None:
     if plan.quiet:
         return
@@ -1304,6 +1310,18 @@ def build_parser() -> argparse.ArgumentParser:
     form.add_argument("--tree", action="store_true",
                       help="then its sub-agents' sessions, indented under their parents")
     show.add_argument("--db", metavar="PATH", help="the session store")
+    serve = commands.add_parser(
+        "mcp-serve", parents=[common],
+        help="serve the configured agents as an MCP server over stdio (tool: ask)",
+    )
+    _add_agent_options(serve)
+    serve.add_argument("--agent", metavar="ID", help="serve only this configured agent")
+    acp = commands.add_parser(
+        "acp", parents=[common],
+        help="serve an agent to an editor over the Agent Client Protocol on stdio",
+    )
+    _add_agent_options(acp)
+    acp.add_argument("--agent", metavar="ID", help="the configured agent to serve")
     return parser
 
 
@@ -1388,6 +1406,14 @@ def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             return trio.run(_sessions_list, args, out, err)
         return trio.run(_sessions_show, args, out, err)
     plan = make_plan(args, os.environ)
+    if args.command == "mcp-serve":
+        from ._cli_mcp_serve import mcp_serve
+
+        return trio.run(mcp_serve, args, plan, out, err)
+    if args.command == "acp":
+        from ._cli_acp import acp
+
+        return trio.run(acp, args, plan, out, err)
     command = _run if args.command == "run" else _chat
     return trio.run(command, args, plan, out, err)
 
