@@ -1411,9 +1411,9 @@ def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
         return trio.run(mcp_serve, args, plan, out, err)
     if args.command == "acp":
-        from ._cli_acp import acp
+        from ._cli_acp import serve_acp
 
-        return trio.run(acp, args, plan, out, err)
+        return trio.run(serve_acp, args, plan, out, err)
     command = _run if args.command == "run" else _chat
     return trio.run(command, args, plan, out, err)
 
