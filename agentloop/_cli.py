@@ -1,4 +1,5 @@
-"""The ``agentloop`` command line: ``run`` one prompt, ``chat``, and read stored ``sessions``.
+"""The ``agentloop`` command line: ``run`` one prompt, ``chat``, and read stored ``sessions``;
+``mcp-serve`` and ``acp`` (in their own modules) serve agents over MCP and ACP.
 
 Model text streams to stdout as it arrives; reasoning, tool activity, notes and errors go to
 stderr, so ``agentloop run "..." > answer.txt`` captures only the answer. Every expected failure

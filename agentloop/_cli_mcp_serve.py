@@ -17,7 +17,7 @@ import os
 import re
 from typing import TextIO
 
-from agentloop import Agent, TurnFailed
+from agentloop import Agent, TurnFailed, __version__
 
 from ._cli import EXIT_OK, EXIT_USAGE, PROG, CliError, Plan, cli_runtime, open_cli_agent
 from ._cli_agents import offered_agents
@@ -80,6 +80,7 @@ async def mcp_serve(args: argparse.Namespace, plan: Plan, out: TextIO, err: Text
     async with cli_runtime(plan, os.environ, err) as rt, contextlib.AsyncExitStack() as stack:
         server = MCPServer(
             "agentloop",
+            version=__version__,
             instructions="Each tool asks one agentloop agent; a call is one turn of its session.",
             log_level="WARNING",
         )
