@@ -298,7 +298,9 @@ async def test_a_stdio_server_that_stays_down_answers_errors_then_gives_up(
             await _call(rt, "crashy.crash")
             meanwhile = await _call(rt, "crashy.pid")
             assert meanwhile.error_code == "MCP_UNAVAILABLE"
-            assert meanwhile.content.startswith("Error: MCP server 'crashy' is ")
+            assert meanwhile.content == (
+                "Error: MCP server 'crashy' is restarting; try again shortly"
+            )
             await watch.until(lambda: any(not f.restarting for f in watch.failures))
             assert [f.restarting for f in watch.failures] == [True, True, False]
             assert "could not be restarted" in watch.failures[-1].message

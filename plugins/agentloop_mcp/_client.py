@@ -496,7 +496,10 @@ class _ServerActor:
         client, lost = self.client, self.lost
         # A lost connection is known here before the actor has woken to restart it.
         if client is None or lost is None or lost.is_set():
-            why = "is restarting; try again shortly" if self.restarting else "is not running"
+            coming_back = self.restarting or (
+                lost is not None and lost.is_set() and self.config.max_restarts > 0
+            )
+            why = "is restarting; try again shortly" if coming_back else "is not running"
             return self._unavailable(why)
         timeout = self.config.tool_timeout
         with trio.CancelScope() as scope:
