@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
+import logging
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Literal, TextIO
@@ -47,6 +48,8 @@ from ._cli import EXIT_OK, EXIT_USAGE, PROG, CliError, Plan, cli_runtime
 from ._cli_agents import Offered, offered_agents
 
 __all__ = ["serve_acp", "JsonRpc", "RpcError", "stop_reason", "updates_for"]
+
+log = logging.getLogger("agentloop.acp")
 
 PROTOCOL_VERSION = 1
 StopReason = Literal["end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"]
@@ -299,6 +302,11 @@ class _AcpAgent:
             )
         except AgentLoopError as exc:
             await self.rpc.respond_error(request_id, RpcError(INTERNAL_ERROR, str(exc)))
+        except Exception as exc:  # one bad request must not end the editor's session
+            log.exception("acp: %s failed", method)
+            await self.rpc.respond_error(
+                request_id, RpcError(INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+            )
         else:
             await self.rpc.respond(request_id, result)
 
