@@ -1,4 +1,5 @@
-"""The ``agentloop`` command line: ``run`` one prompt, ``chat``, and read stored ``sessions``.
+"""The ``agentloop`` command line: ``run`` one prompt, ``chat``, and read stored ``sessions``;
+``mcp-serve`` and ``acp`` (in their own modules) serve agents over MCP and ACP.
 
 Model text streams to stdout as it arrives; reasoning, tool activity, notes and errors go to
 stderr, so ``agentloop run "..." > answer.txt`` captures only the answer. Every expected failure
@@ -57,7 +58,7 @@ from agentloop import (
     load_config,
     open_runtime,
 )
-from agentloop.events import PluginFailed
+from agentloop.events import McpServerFailed, PluginFailed
 
 from ._cli_render import context_window, last_context_use, status_line
 
@@ -545,11 +546,16 @@ async def _runtime(
             # The provider it served is gone; the next model call will fail on that.
             _warn(err, f"plugin {event.plugin} stopped: {_error_text(event.error)}")
 
+    def on_mcp_failure(event: McpServerFailed) -> None:
+        _warn(err, event.message)
+
     async def watch_plugins(ctx: Context) -> None:
         ctx.events.on(PluginFailed, on_failure)
+        ctx.events.on(McpServerFailed, on_mcp_failure)
         await trio.lowlevel.checkpoint()
 
-    plugins: list[Any] = [watch_plugins]
+    # The watcher loads first, before the config's own plugins, to hear of their failures.
+    plugins: list[Any] = [watch_plugins, *plan.config.plugins]
     store_name = None
     if plan.db is not None:
         from agentloop_sqlite import sqlite
@@ -565,7 +571,8 @@ async def _runtime(
         plugins.append("compact")
     for warning in plan.route.warnings:
         _warn(err, warning)
-    async with open_runtime(plan.config, plugins=plugins) as rt:
+    config = attrs.evolve(plan.config, plugins=())
+    async with open_runtime(config, plugins=plugins) as rt:
         if failures:
             failure = failures[0]
             # A store that cannot be opened is configuration (--db, [persistence]).
@@ -586,6 +593,12 @@ async def _open_agent(
         return await rt.agents.resume(resume_session_id=session_id, agent_options=options)
     meta = {"cwd": os.getcwd(), "label": f"{PROG} {command}"}
     return await rt.agents.create(session_id=session_id, meta=meta, agent_options=options)
+
+
+# The protocol servers (``mcp-serve``, ``acp``) open their runtime and agents as run/chat do.
+cli_runtime = _runtime
+open_cli_agent = _open_agent
+warn = _warn
 
 
 def _header(err: TextIO, plan: Plan, options: AgentOptions, session_id: str) -> None:
@@ -1298,6 +1311,18 @@ def build_parser() -> argparse.ArgumentParser:
     form.add_argument("--tree", action="store_true",
                       help="then its sub-agents' sessions, indented under their parents")
     show.add_argument("--db", metavar="PATH", help="the session store")
+    serve = commands.add_parser(
+        "mcp-serve", parents=[common],
+        help="serve the configured agents as an MCP server over stdio (tool: ask)",
+    )
+    _add_agent_options(serve)
+    serve.add_argument("--agent", metavar="ID", help="serve only this configured agent")
+    acp = commands.add_parser(
+        "acp", parents=[common],
+        help="serve an agent to an editor over the Agent Client Protocol on stdio",
+    )
+    _add_agent_options(acp)
+    acp.add_argument("--agent", metavar="ID", help="the configured agent to serve")
     return parser
 
 
@@ -1382,6 +1407,14 @@ def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             return trio.run(_sessions_list, args, out, err)
         return trio.run(_sessions_show, args, out, err)
     plan = make_plan(args, os.environ)
+    if args.command == "mcp-serve":
+        from ._cli_mcp_serve import mcp_serve
+
+        return trio.run(mcp_serve, args, plan, out, err)
+    if args.command == "acp":
+        from ._cli_acp import serve_acp
+
+        return trio.run(serve_acp, args, plan, out, err)
     command = _run if args.command == "run" else _chat
     return trio.run(command, args, plan, out, err)
 

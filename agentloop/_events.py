@@ -66,6 +66,7 @@ __all__ = [
     "PluginFailed",
     "SettingChanged",
     "InvariantViolated",
+    "McpServerFailed",
     # hooks
     "AgentPreStep",
     "AgentRequest",
@@ -352,6 +353,23 @@ class InvariantViolated(Event):
     seq: int
     """The seq of the ``request/header`` of the request."""
     diff: str
+
+
+@attrs.frozen(slots=True)
+class McpServerFailed(Event):
+    """An MCP server of the ``mcp`` plugin failed to start, to list its tools, or stopped.
+
+    ``message`` is one line naming the server and the cause (never a header value);
+    ``restarting`` is True when the plugin will try again (a restart of a stdio server, a
+    reconnection to an HTTP one), False when it gave up and the server's tools are gone.
+    """
+
+    name: ClassVar[str] = "mcp/server-failed"
+    kind: ClassVar[Kind] = "control"
+    server: str
+    message: str
+    restarting: bool
+    error: BaseException = attrs.field(eq=False)
 
 
 # --- hooks ----------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from ._events import InboxSpliced as InboxSpliced
 from ._events import InvariantViolated as InvariantViolated
 from ._events import LlmRetry as LlmRetry
 from ._events import LlmStream as LlmStream
+from ._events import McpServerFailed as McpServerFailed
 from ._events import PluginFailed as PluginFailed
 from ._events import Reject as Reject
 from ._events import Replace as Replace
@@ -63,6 +64,7 @@ __all__ = [
     "PluginFailed",
     "SettingChanged",
     "InvariantViolated",
+    "McpServerFailed",
     "AgentPreStep",
     "AgentRequest",
     "AgentRequestError",

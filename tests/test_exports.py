@@ -47,7 +47,7 @@ EXPECTED = {
         "SessionCreated", "SessionDisposed", "AgentCreated", "AgentSessionStart",
         "AgentDisposed", "AgentStatus", "InboxSpliced", "InboxInserted", "InboxDiscarded",
         "InboxClaimed", "LlmRetry", "PluginFailed", "SettingChanged", "InvariantViolated",
-        "AgentPreStep",
+        "McpServerFailed", "AgentPreStep",
         "AgentRequest", "AgentRequestError", "AgentStepResult", "AgentTurnContinuation",
         "AgentTurnEnd", "AgentTurnStopping", "LlmStream", "ToolPreExecute", "ToolApproval",
         "ToolExecute", "ToolPostExecute", "ToolResultEvent", "Reject", "Replace", "Stop",

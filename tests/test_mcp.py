@@ -26,7 +26,7 @@ from agentloop_mcp._config import Section
 
 from agentloop import AgentOptions, ConfigError, Context, open_runtime
 from agentloop._config import load_config
-from agentloop.events import PluginFailed
+from agentloop.events import McpServerFailed
 from agentloop.testing import ScriptedModel, reply
 
 pytestmark = pytest.mark.mcp
@@ -61,13 +61,13 @@ FAKE_SERVER = textwrap.dedent(
 
 
 class _Failures:
-    """Collects ``plugin/failed`` events; load it before the plugins it watches."""
+    """Collects ``mcp/server-failed`` events; load it before the plugins it watches."""
 
     def __init__(self) -> None:
-        self.seen: list[PluginFailed] = []
+        self.seen: list[McpServerFailed] = []
         self._changed = trio.Event()
 
-    def _record(self, event: PluginFailed) -> None:
+    def _record(self, event: McpServerFailed) -> None:
         self.seen.append(event)
         self._changed.set()
         self._changed = trio.Event()
@@ -79,7 +79,7 @@ class _Failures:
     @property
     def plugin(self) -> Callable[[Context], Coroutine[Any, Any, None]]:
         async def watch_failures(ctx: Context) -> None:
-            ctx.events.on(PluginFailed, self._record)
+            ctx.events.on(McpServerFailed, self._record)
 
         return watch_failures
 
@@ -225,14 +225,16 @@ async def test_a_server_that_cannot_start_is_reported_and_others_keep_running() 
     with trio.fail_after(60):
         async with open_runtime(plugins=[failures.plugin, mcp([missing, TIME, crashing])]) as rt:
             assert _names(rt) == {"time.get_current_time", "time.convert_time"}
-            by_plugin = {f.plugin: f.error for f in failures.seen}
-            assert set(by_plugin) == {"mcp:missing", "mcp:crashing"}
-            error = by_plugin["mcp:missing"]
+            by_server = {f.server: f.error for f in failures.seen}
+            assert set(by_server) == {"missing", "crashing"}
+            assert not any(f.restarting for f in failures.seen)
+            assert "MCP server 'missing' failed to start" in failures.seen[0].message
+            error = by_server["missing"]
             assert isinstance(error, ServerError)
             assert error.server == "missing"
             assert "failed to start" in str(error)
             assert "FileNotFoundError" in str(error)
-            crashed = by_plugin["mcp:crashing"]
+            crashed = by_server["crashing"]
             assert isinstance(crashed, ServerError)
             assert "boom: bad setup" in crashed.stderr
             tool = rt.tools.get("time.get_current_time")
@@ -250,26 +252,29 @@ async def test_a_server_that_never_answers_times_out() -> None:
     with trio.fail_after(60):
         async with open_runtime(plugins=[failures.plugin, mcp([silent])]) as rt:
             assert _names(rt) == set()
-            assert [f.plugin for f in failures.seen] == ["mcp:silent"]
+            assert [f.server for f in failures.seen] == ["silent"]
             assert "no answer within 0.5 s" in str(failures.seen[0].error)
 
 
 @pytest.mark.skipif(not HAS_PROC, reason="needs /proc")
-async def test_a_server_that_dies_is_reported_and_its_tools_disappear() -> None:
+async def test_a_server_that_dies_and_cannot_come_back_is_reported_and_its_tools_go() -> None:
     failures = _Failures()
     before = _children()
+    no_restart = ServerConfig(name="time", command=sys.executable,
+                              args=["-m", "mcp_server_time"], max_restarts=0)
     with trio.fail_after(60):
-        async with open_runtime(plugins=[failures.plugin, mcp([TIME])]) as rt:
+        async with open_runtime(plugins=[failures.plugin, mcp([no_restart])]) as rt:
             (pid,) = _children() - before
             tool = rt.tools.get("time.get_current_time")
             assert tool is not None
             os.kill(pid, signal.SIGKILL)
             await failures.wait_for(1)
             assert _names(rt) == set()
-            assert [f.plugin for f in failures.seen] == ["mcp:time"]
+            assert [(f.server, f.restarting) for f in failures.seen] == [("time", False)]
             assert "MCP server 'time' stopped" in str(failures.seen[0].error)
             late = await tool.run(timezone="UTC")
             assert late.is_error and late.error_code == "MCP_UNAVAILABLE"
+            assert "'time'" in late.content
             # The runtime itself is unaffected.
             rt.llm.register("scripted", ScriptedModel(["still here"]))
             handle = await rt.agents.create(
@@ -355,7 +360,21 @@ def test_config_forms_and_defaults() -> None:
         ({"servers": [{"name": "a b", "command": "x"}]},
          "mcp.servers[0].name: must be letters, digits, '_' or '-', got 'a b'"),
         ({"servers": [{"command": "x"}]}, "mcp.servers[0].name: is required"),
-        ({"servers": [{"name": "a"}]}, "mcp.servers[0].command: is required"),
+        ({"servers": [{"name": "a"}]},
+         ("mcp.servers[0].command: give either command (a stdio server) or url "
+         "(streamable HTTP), got neither")),
+        ({"servers": [{"name": "a", "command": "x", "url": "http://127.0.0.1/mcp"}]},
+         "got both"),
+        ({"servers": [{"name": "a", "url": "ftp://example/mcp"}]},
+         "mcp.servers[0].url: must be an http:// or https:// URL, got 'ftp://example/mcp'"),
+        ({"servers": [{"name": "a", "url": "http://h/mcp", "args": ["x"]}]},
+         "mcp.servers[0].args: only for a stdio server (command), not a url"),
+        ({"servers": [{"name": "a", "command": "x", "headers": {"A": "b"}}]},
+         "mcp.servers[0].headers: only for an HTTP server (url), not a command"),
+        ({"servers": [{"name": "a", "command": "x", "resources": "yes"}]},
+         "mcp.servers[0].resources: expected true or false, got 'yes'"),
+        ({"servers": [{"name": "a", "command": "x", "max_restarts": -1}]},
+         "mcp.servers[0].max_restarts: must be a non-negative integer, got -1"),
         ({"servers": [{"name": "a", "command": ""}]},
          "mcp.servers[0].command: must be a non-empty string, got ''"),
         ({"servers": [{"name": "a", "command": "x", "env": {"K": 1}}]},

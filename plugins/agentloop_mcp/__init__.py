@@ -1,15 +1,21 @@
 """MCP servers as agentloop tools (needs the ``mcp`` extra: ``pip install 'agentloop[mcp]'``).
 
-Configure servers in TOML and load the plugin::
+Configure servers in TOML and load the plugin (``docs/mcp.md`` has the whole story)::
 
     plugins = ["mcp"]
 
     [[mcp.servers]]
     name = "git"
-    command = "mcp-server-git"
+    command = "mcp-server-git"      # a stdio server
     args = ["--repository", "."]
     env = { GIT_PAGER = "cat" }     # optional
     cwd = "/srv/repo"               # optional
+
+    [[mcp.servers]]
+    name = "docs"
+    url = "https://mcp.example.com/mcp"     # a streamable HTTP server
+    headers_env = { Authorization = "Bearer ${DOCS_TOKEN}" }
+    resources = true
 
 (a table keyed by name, ``[mcp.servers.git]``, works too), or programmatically::
 
@@ -20,11 +26,12 @@ Configure servers in TOML and load the plugin::
     ])]) as rt:
         ...
 
-Each server runs over stdio as an actor inside the plugin's scope. Its tools are listed once at
-start and registered as ``"{server}.{tool}"``: ``git.git_status``. The plugin reports itself
-started only after every server has registered its tools or failed, so agents created once the
-runtime is open see them. A tool is ``"exclusive"`` unless the server marks it read-only
-(``annotations.readOnlyHint``), then ``"parallel"``.
+Each server runs as an actor inside the plugin's scope. Its tools are listed at start and
+registered as ``"{server}.{tool}"``: ``git.git_status``. The plugin reports itself started only
+after every server has registered its tools or failed, so agents created once the runtime is
+open see them. A tool is ``"exclusive"`` unless the server marks it read-only
+(``annotations.readOnlyHint``), then ``"parallel"``. ``resources = true`` adds the tools
+``{server}_list_resources`` and ``{server}_read_resource``.
 
 Results: text blocks are rendered as text, one per line, other blocks as a bracketed note
 (``[image: image/png, 5120 bytes]``). Structured content replaces them, as compact JSON, only when
@@ -33,14 +40,19 @@ clients): both then say the same, and the compact form costs fewer tokens. Other
 wins, being what the server wrote for the model (server frameworks wrap a bare return value as
 ``{"result": ...}``, which reads worse than the value). ``isError`` gives ``is_error=True`` with
 ``error_code="MCP_ERROR"``, as does a protocol error (an unknown tool, for one); a call that
-reaches a server that has gone gives ``"MCP_UNAVAILABLE"``.
+finds the server gone gives ``"MCP_UNAVAILABLE"``, and one not answered within
+``tool_timeout`` gives ``"TIMEOUT"``; each message names the server.
 
-A server that fails to start or exits is reported (a log record on ``agentloop.mcp`` and a
-``plugin/failed`` event named ``"mcp:{server}"`` whose error is a :class:`ServerError` carrying
-the last lines of the server's stderr); its tools are unregistered and everything else keeps
-running. Servers are not restarted. Unloading the plugin (leaving ``open_runtime``) closes each
-server's stdin and, when it does not exit within the SDK's grace period, terminates its process
-group. Each line a server writes to its stderr is logged at DEBUG on ``agentloop.mcp``.
+A server that fails to start or to list its tools is reported: a log record on
+``agentloop.mcp`` and the control event ``mcp/server-failed``
+(:class:`agentloop.events.McpServerFailed`, whose error is a :class:`ServerError` carrying the
+last lines of a stdio server's stderr); everything else keeps running. A server that goes away
+later is restarted (stdio) or reconnected (HTTP) with doubling delays, ``max_restarts`` times in
+a row; meanwhile its tools stay registered and answer ``MCP_UNAVAILABLE``, and when the plugin
+gives up they are unregistered. Unloading the plugin (leaving ``open_runtime``) closes each
+stdio server's stdin and, when it does not exit within the SDK's grace period, terminates its
+process group. Each line a server writes to its stderr is logged at DEBUG on ``agentloop.mcp``.
+Header values are never logged.
 
 An invalid ``[mcp]`` table raises :class:`agentloop.ConfigError` naming the path and the value
 (``mcp.servers[1].args: must be a list of strings, got '-v'``); see :class:`ServerConfig` for the

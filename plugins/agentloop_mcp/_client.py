@@ -6,19 +6,22 @@ import json
 import logging
 import math
 import os
+import re
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Generic, Protocol, TextIO, TypeVar
 
 import anyio
+import httpx2
 import mcp.types as mt
 import trio
 from mcp import Client, MCPError, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
 
 import agentloop
 from agentloop import Context, Disposer, Tool, ToolResult, thaw
-from agentloop.events import PluginFailed
+from agentloop.events import McpServerFailed
 
 from ._config import ServerConfig
 
@@ -36,7 +39,7 @@ _LIST_PAGE_LIMIT = 100
 
 
 class ServerError(agentloop.AgentLoopError):
-    """An MCP server failed to start or stopped; its tools were unregistered.
+    """An MCP server failed to start, stopped, or could not be restarted.
 
     Attributes:
         server: the server's configured name.
@@ -176,8 +179,10 @@ def render_result(result: mt.CallToolResult) -> ToolResult:
 
 
 def _leaf(exc: BaseException) -> BaseException:
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
+    """The cause inside (nested) exception groups: the first leaf that is not a cancellation."""
+    while isinstance(exc, BaseExceptionGroup):
+        inner = [e for e in exc.exceptions if not isinstance(e, trio.Cancelled)]
+        exc = (inner or list(exc.exceptions))[0]
     return exc
 
 
@@ -192,68 +197,175 @@ def _describe(exc: BaseException) -> str:
     return f"{type(leaf).__name__}: {leaf}"
 
 
+_MAX_RESTART_DELAY = 30.0
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _header_values(cfg: ServerConfig, environ: Mapping[str, str]) -> dict[str, str]:
+    """``headers`` with ``headers_env`` resolved; a missing variable is named, never a value."""
+    headers = dict(cfg.headers)
+    for header, spec in cfg.headers_env.items():
+        names = _ENV_REF.findall(spec) if "$" in spec else [spec]
+        missing = [n for n in names if not environ.get(n)]
+        if missing:
+            raise ServerError(
+                f"MCP server {cfg.name!r}: header {header!r} needs the environment variable "
+                f"{missing[0]}, which is not set",
+                server=cfg.name,
+            )
+        if "$" in spec:
+            headers[header] = _ENV_REF.sub(lambda m: environ[m.group(1)], spec)
+        else:
+            headers[header] = environ[spec]
+    return headers
+
+
 class _ServerActor:
-    """Runs one server for as long as it lives, with its tools registered meanwhile."""
+    """Runs one server for as long as the plugin lives: starts it, registers its tools, and
+    restarts it (stdio) or reconnects (HTTP) with backoff when it goes away."""
 
     def __init__(self, ctx: Context, config: ServerConfig, separator: str) -> None:
         self.ctx = ctx
         self.config = config
         self.separator = separator
         self.client: Client | None = None
-        self.started = False
+        self.started = False  # this connection listed its tools
+        self.ever_started = False
+        self.restarting = False
+        self.lost: trio.Event | None = None
+        self.calls: set[trio.CancelScope] = set()
         self.disposers: list[Disposer] = []
         self.stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL)
+        self.http_refusal = ""
 
     @property
     def name(self) -> str:
         return self.config.name
 
     async def run(self, ready: Callable[[], None]) -> None:
-        """Serve until cancelled; a failure is reported, never raised."""
+        """Serve until cancelled; failures are reported, never raised."""
         try:
-            await self._run(ready)
-        except Exception as exc:  # noqa: BLE001 - one server's failure must not stop the rest
-            self._drop_tools()
-            self._report(exc)
+            await self._supervise(ready)
         finally:
             self._drop_tools()
             ready()
 
+    async def _supervise(self, ready: Callable[[], None]) -> None:
+        cfg = self.config
+        delay = cfg.restart_delay
+        failed_attempts = 0
+        while True:
+            self.started = False
+            try:
+                await self._run(ready)
+            except Exception as exc:  # noqa: BLE001 - one server's failure must not stop the rest
+                error = exc
+            if not self.ever_started:
+                self._report(error, restarting=False)
+                return
+            if self.started:
+                failed_attempts, delay = 0, cfg.restart_delay
+            else:
+                failed_attempts += 1
+            again = failed_attempts < cfg.max_restarts
+            self.restarting = again
+            self._report(error, restarting=again)
+            if not again:
+                return
+            await trio.sleep(delay)
+            delay = min(delay * 2, _MAX_RESTART_DELAY)
+
     async def _run(self, ready: Callable[[], None]) -> None:
+        if self.config.url is not None:
+            failure: Exception | None = None
+            try:
+                await self._serve(self._http_transport(), ready)
+            except Exception as exc:  # noqa: BLE001 - reported below
+                failure = exc
+            self._lose_calls()
+            raise self._error(failure)
         errlog, stderr = _stderr_pipe()
         drained = trio.Event()
-        failure: Exception | None = None
+        failure = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._pump_stderr, stderr, drained)
             try:
-                await self._serve(errlog, ready)
+                await self._serve(self._stdio_transport(errlog), ready)
             except Exception as exc:  # noqa: BLE001 - reported below, with the stderr tail
                 failure = exc
             finally:
                 errlog.close()
-            if failure is None:
-                failure = _ConnectionClosedError("it closed the connection")
-            self._drop_tools()
+            self._lose_calls()
             # The server is gone, so its stderr ends soon; its last lines usually say why.
             with trio.move_on_after(_STDERR_GRACE):
                 await drained.wait()
             nursery.cancel_scope.cancel()
-        phase = "stopped" if self.started else "failed to start"
-        raise ServerError(
-            f"MCP server {self.name!r} {phase}: {_describe(failure)}",
-            server=self.name,
-            stderr=self.stderr_tail,
-        ) from failure
+        raise self._error(failure)
 
-    async def _serve(self, errlog: TextIO, ready: Callable[[], None]) -> None:
-        """Returns when the server's connection ends; raises when it cannot start."""
+    def _error(self, failure: Exception | None) -> ServerError:
+        if isinstance(failure, ServerError):
+            return failure
+        if failure is None:
+            failure = _ConnectionClosedError("it closed the connection")
+        if self.started:
+            phase = "stopped"
+        elif self.ever_started:
+            phase = "could not be restarted" if self.config.url is None else (
+                "could not be reconnected"
+            )
+        else:
+            phase = "failed to start"
+        said = f" ({self.http_refusal})" if self.http_refusal and not self.started else ""
+        error = ServerError(
+            f"MCP server {self.name!r} {phase}: {_describe(failure)}{said}",
+            server=self.name,
+            stderr=self.stderr_tail if self.config.url is None else (),
+        )
+        error.__cause__ = failure
+        return error
+
+    def _stdio_transport(self, errlog: TextIO) -> Callable[[trio.Event], Any]:
         cfg = self.config
+        assert cfg.command is not None
         params = StdioServerParameters(
             command=cfg.command, args=list(cfg.args), env=dict(cfg.env) or None, cwd=cfg.cwd
         )
-        closed = trio.Event()
+        self.stderr_tail.clear()
+        return lambda lost: _stdio(params, errlog, lost)
+
+    def _http_transport(self) -> Callable[[trio.Event], Any]:
+        cfg = self.config
+        assert cfg.url is not None
+        url = cfg.url
+        self.http_refusal = ""
+        headers = _header_values(cfg, os.environ)
+
+        @asynccontextmanager
+        async def transport(lost: trio.Event) -> AsyncIterator[Any]:
+            http = httpx2.AsyncClient(
+                headers=headers,
+                timeout=httpx2.Timeout(30.0, read=300.0),
+                event_hooks={"response": [self._saw_response]},
+            )
+            async with http, streamable_http_client(url, http_client=http) as (read, write):
+                yield _WatchedReceive(read, lost), write
+
+        return transport
+
+    async def _saw_response(self, response: httpx2.Response) -> None:
+        # The SDK turns a refusal into a generic JSON-RPC error; the status says why.
+        await trio.lowlevel.checkpoint()
+        if response.status_code >= 400:
+            self.http_refusal = f"HTTP {response.status_code} {response.reason_phrase}".strip()
+
+    async def _serve(
+        self, transport: Callable[[trio.Event], Any], ready: Callable[[], None]
+    ) -> None:
+        """Returns when the server's connection ends; raises when it cannot start."""
+        cfg = self.config
+        lost = trio.Event()
         client = Client(
-            _stdio(params, errlog, closed),
+            transport(lost),
             client_info=mt.Implementation(name="agentloop", version=agentloop.__version__),
         )
         # Not trio.fail_after: the client's task groups outlive the startup phase, so the
@@ -264,16 +376,24 @@ class _ServerActor:
                 startup.deadline = math.inf
                 # An unload may have begun meanwhile; its scope closes before registering.
                 await trio.lowlevel.checkpoint_if_cancelled()
-                self.client = client
+                self.client, self.lost = client, lost
                 try:
                     self._register(tools)
-                    self.started = True
+                    if self.ever_started:
+                        log.info("MCP server %r is back", self.name)
+                    self.started = self.ever_started = True
+                    self.restarting = False
                     ready()
-                    await closed.wait()
+                    await lost.wait()
                 finally:
                     self.client = None
+                    self._lose_calls()
         if startup.cancelled_caught:
             raise TimeoutError(f"no answer within {cfg.startup_timeout} s")
+
+    def _lose_calls(self) -> None:
+        for scope in self.calls:
+            scope.cancel()
 
     async def _pump_stderr(self, stream: trio.lowlevel.FdStream, drained: trio.Event) -> None:
         buffer = b""
@@ -298,6 +418,8 @@ class _ServerActor:
         log.debug("MCP server %r: %s", self.name, line)
 
     def _register(self, tools: Sequence[mt.Tool]) -> None:
+        # A restarted server may list other tools than before: the new list replaces the old.
+        self._drop_tools()
         seen: set[str] = set()
         for spec in tools:
             name = f"{self.name}{self.separator}{spec.name}"
@@ -313,13 +435,45 @@ class _ServerActor:
                     spec.input_schema,
                     self._caller(spec.name),
                     concurrency="parallel" if read_only else "exclusive",
-                    timeout=self.config.tool_timeout,
                 )
             except (agentloop.AgentLoopError, TypeError, ValueError) as exc:
                 log.warning("MCP server %r: tool %r is left out: %s", self.name, spec.name, exc)
                 continue
             seen.add(name)
             self.disposers.append(self.ctx.tools.register(tool))
+        if self.config.resources:
+            for tool in self._resource_tools():
+                self.disposers.append(self.ctx.tools.register(tool))
+
+    def _resource_tools(self) -> list[Tool]:
+        async def list_resources() -> ToolResult:
+            return await self._request("list_resources", _render_resources)
+
+        async def read_resource(uri: str) -> ToolResult:
+            return await self._request(
+                "read_resource", _render_contents, uri, what=f"read_resource {uri}"
+            )
+
+        return [
+            Tool(
+                f"{self.name}_list_resources",
+                f"List the resources of the MCP server {self.name!r}: URI, name, type.",
+                {"type": "object", "properties": {}},
+                list_resources,
+                concurrency="parallel",
+            ),
+            Tool(
+                f"{self.name}_read_resource",
+                f"Read one resource of the MCP server {self.name!r} by its URI.",
+                {
+                    "type": "object",
+                    "properties": {"uri": {"type": "string", "description": "its URI"}},
+                    "required": ["uri"],
+                },
+                read_resource,
+                concurrency="parallel",
+            ),
+        ]
 
     def _drop_tools(self) -> None:
         while self.disposers:
@@ -327,34 +481,99 @@ class _ServerActor:
 
     def _caller(self, tool_name: str) -> Callable[..., Any]:
         async def run(**arguments: Any) -> ToolResult:
-            return await self._call(tool_name, arguments)
+            return await self._request(
+                "call_tool", render_result, tool_name, thaw(arguments), what=tool_name
+            )
 
         return run
 
-    async def _call(self, tool_name: str, arguments: dict[str, Any]) -> ToolResult:
-        client = self.client
-        if client is None:
-            return ToolResult.error("MCP_UNAVAILABLE", f"MCP server {self.name!r} is not running")
-        try:
-            result = await client.call_tool(tool_name, thaw(arguments))
-        except MCPError as exc:
-            if exc.code == mt.CONNECTION_CLOSED:
-                return ToolResult.error(
-                    "MCP_UNAVAILABLE", f"MCP server {self.name!r} closed the connection"
-                )
-            return ToolResult.error("MCP_ERROR", exc.message)
-        return render_result(result)
+    def _unavailable(self, why: str) -> ToolResult:
+        return ToolResult.error("MCP_UNAVAILABLE", f"MCP server {self.name!r} {why}")
 
-    def _report(self, exc: Exception) -> None:
+    async def _request(
+        self, method: str, render: Callable[[Any], ToolResult], *args: Any, what: str = ""
+    ) -> ToolResult:
+        client, lost = self.client, self.lost
+        # A lost connection is known here before the actor has woken to restart it.
+        if client is None or lost is None or lost.is_set():
+            coming_back = self.restarting or (
+                lost is not None and lost.is_set() and self.config.max_restarts > 0
+            )
+            why = "is restarting; try again shortly" if coming_back else "is not running"
+            return self._unavailable(why)
+        timeout = self.config.tool_timeout
+        with trio.CancelScope() as scope:
+            if timeout is not None:
+                scope.deadline = trio.current_time() + timeout
+            self.calls.add(scope)
+            try:
+                result = await getattr(client, method)(*args)
+            except MCPError as exc:
+                if exc.code == mt.CONNECTION_CLOSED:
+                    lost.set()
+                    return self._unavailable("closed the connection during the call")
+                return ToolResult.error("MCP_ERROR", exc.message)
+            except Exception as exc:  # noqa: BLE001 - a transport failure: reconnect
+                lost.set()
+                return self._unavailable(f"failed during the call: {_describe(exc)}")
+            finally:
+                self.calls.discard(scope)
+        if scope.cancelled_caught:
+            if lost.is_set():
+                return self._unavailable("went away during the call")
+            return ToolResult.error(
+                "TIMEOUT",
+                f"MCP server {self.name!r} did not answer {what or method} within {timeout} s",
+            )
+        return render(result)
+
+    def _report(self, exc: Exception, *, restarting: bool) -> None:
         cause = _leaf(exc.__cause__ or exc)
         # A missing command or a server that quit is explained by the message; a traceback
         # only helps with the unexpected.
-        expected = isinstance(cause, OSError | MCPError | TimeoutError)
+        expected = isinstance(cause, OSError | MCPError | TimeoutError | ServerError) or (
+            _is_transport_error(cause)
+        )
+        message = str(exc).split("\n", 1)[0]
+        said = [line for line in getattr(exc, "stderr", ()) if line.strip()]
+        if said:
+            message += f" (last line of its stderr: {said[-1].strip()})"
+        if restarting:
+            message += "; trying again"
         log.error("%s", exc, exc_info=None if expected else exc)
         try:
-            self.ctx.events.emit_nowait(PluginFailed(f"mcp:{self.name}", exc))
+            self.ctx.events.emit_nowait(
+                McpServerFailed(self.name, message, restarting, exc)
+            )
         except Exception:
-            log.exception("a plugin/failed observer failed on MCP server %r", self.name)
+            log.exception("an mcp/server-failed observer failed on MCP server %r", self.name)
+
+
+def _is_transport_error(exc: BaseException) -> bool:
+    return isinstance(exc, httpx2.HTTPError | _ConnectionClosedError)
+
+
+def _render_resources(result: mt.ListResourcesResult) -> ToolResult:
+    lines = []
+    for r in result.resources:
+        line = f"{r.uri}  {r.name}"
+        if r.mime_type:
+            line += f" ({r.mime_type})"
+        if r.description:
+            line += f": {r.description}"
+        lines.append(line)
+    return ToolResult("\n".join(lines) or "no resources")
+
+
+def _render_contents(result: mt.ReadResourceResult) -> ToolResult:
+    parts = []
+    for c in result.contents:
+        if isinstance(c, mt.TextResourceContents):
+            parts.append(c.text)
+        else:
+            size = len(c.blob) * 3 // 4
+            parts.append(f"[resource: {c.uri}, {c.mime_type or 'binary'}, {size} bytes]")
+    return ToolResult("\n".join(parts))
 
 
 def _stderr_pipe() -> tuple[TextIO, trio.lowlevel.FdStream]:

@@ -67,37 +67,97 @@ def _positive_number(_: object, attribute: attrs.Attribute[Any], value: object) 
         raise ConfigError(f"{attribute.name}: must be a positive number, got {value!r}")
 
 
+def _url(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not (isinstance(value, str) and value.startswith(("http://", "https://"))):
+        raise ConfigError(f"{attribute.name}: must be an http:// or https:// URL, got {value!r}")
+
+
+def _count(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        raise ConfigError(f"{attribute.name}: must be a non-negative integer, got {value!r}")
+
+
+def _flag(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{attribute.name}: must be true or false, got {value!r}")
+
+
 @attrs.frozen(kw_only=True)
 class ServerConfig:
-    """One MCP server started over stdio (TOML ``[[mcp.servers]]``).
+    """One MCP server: a command run over stdio, or a URL spoken to over streamable HTTP
+    (TOML ``[[mcp.servers]]``).
 
     Args:
         name: the server's name, the prefix of its tool names; letters, digits, ``_`` and ``-``.
-        command: the executable to run.
+        command: the executable to run (stdio). Exactly one of ``command`` and ``url``.
         args: its command-line arguments.
         env: extra environment variables. The server does not inherit the whole environment:
             it gets the MCP SDK's safe defaults (``HOME``, ``PATH``, ``SHELL``, ``TERM``,
             ``USER``, ``LOGNAME``) with ``env`` merged over them.
         cwd: its working directory (default: the current one).
+        url: the endpoint of a streamable HTTP server (``https://host/mcp``).
+        headers: HTTP headers sent with every request (``{Authorization = "Bearer ..."}``).
+        headers_env: HTTP headers whose values come from the environment when the server is
+            connected: ``{Authorization = "Bearer ${GITHUB_TOKEN}"}`` expands ``${VAR}``, and a
+            value without ``$`` names the variable that holds the whole value. Header values
+            are never logged, shown in a repr, or put in an event.
+        resources: also offer the server's resources, as the tools
+            ``{name}_list_resources`` and ``{name}_read_resource``.
         startup_timeout: seconds for the server to start and list its tools.
         tool_timeout: seconds before a call to one of its tools is abandoned (``TIMEOUT``).
+        max_restarts: attempts in a row to restart a stdio server that exited, or to reconnect
+            to an HTTP server that went away, before giving up (``0``: never try).
+        restart_delay: seconds before the first attempt; each failed attempt doubles it, up
+            to 30 s.
 
     An invalid value raises :class:`agentloop.ConfigError` naming the field and the value.
     """
 
     name: str = attrs.field(validator=_name)
-    command: str = attrs.field(validator=_non_empty)
+    command: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_non_empty)
+    )
     args: tuple[str, ...] = attrs.field(default=(), converter=_to_tuple, validator=_strings)
     env: FrozenDict = attrs.field(
-        factory=FrozenDict, converter=_to_frozen, validator=_string_table
+        factory=FrozenDict, converter=_to_frozen, validator=_string_table, repr=False
     )
     cwd: str | None = attrs.field(
         default=None, converter=_to_path, validator=attrs.validators.optional(_non_empty)
     )
+    url: str | None = attrs.field(default=None, validator=attrs.validators.optional(_url))
+    headers: FrozenDict = attrs.field(
+        factory=FrozenDict, converter=_to_frozen, validator=_string_table, repr=False
+    )
+    headers_env: FrozenDict = attrs.field(
+        factory=FrozenDict, converter=_to_frozen, validator=_string_table
+    )
+    resources: bool = attrs.field(default=False, validator=_flag)
     startup_timeout: float = attrs.field(default=30.0, validator=_positive_number)
     tool_timeout: float | None = attrs.field(
         default=None, validator=attrs.validators.optional(_positive_number)
     )
+    max_restarts: int = attrs.field(default=5, validator=_count)
+    restart_delay: float = attrs.field(default=1.0, validator=_positive_number)
+
+    def __attrs_post_init__(self) -> None:
+        if (self.command is None) == (self.url is None):
+            got = "both" if self.command is not None else "neither"
+            raise ConfigError(
+                f"command: give either command (a stdio server) or url (streamable HTTP), "
+                f"got {got}"
+            )
+        if self.url is not None:
+            for field in ("args", "env", "cwd"):
+                if getattr(self, field):
+                    raise ConfigError(f"{field}: only for a stdio server (command), not a url")
+        elif self.headers or self.headers_env:
+            field = "headers" if self.headers else "headers_env"
+            raise ConfigError(f"{field}: only for an HTTP server (url), not a command")
+
+    @property
+    def transport(self) -> str:
+        """``"stdio"`` or ``"http"``."""
+        return "http" if self.url is not None else "stdio"
 
 
 @attrs.frozen(kw_only=True)
