@@ -28,15 +28,15 @@ from agentloop.testing import ScriptedModel, reply
 
 pytest.importorskip("opentelemetry.sdk", reason="needs the test extra's opentelemetry-sdk")
 
-from agentloop_otel import otel, traced_source  # noqa: E402
-from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
+from agentloop_otel import otel, traced_source
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
-from opentelemetry.trace import StatusCode  # noqa: E402
+from opentelemetry.trace import StatusCode
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -154,7 +154,7 @@ async def test_a_turn_with_parallel_tools_an_error_a_retry_a_subagent_and_an_app
             assert turn_ends(agent) == ["completed"]
 
     spans = telemetry.spans()
-    [turn] = [s for s in telemetry.named("invoke_agent main")]
+    [turn] = telemetry.named("invoke_agent main")
     assert attrs_of(turn)["gen_ai.operation.name"] == "invoke_agent"
     assert attrs_of(turn)["gen_ai.agent.id"] == "main"
     assert attrs_of(turn)["gen_ai.conversation.id"] == "main"
@@ -195,7 +195,7 @@ async def test_a_turn_with_parallel_tools_an_error_a_retry_a_subagent_and_an_app
     assert dict(tools["c5"].events[1].attributes or {}) == {"approved": True}
 
     # The sub-agent's turn sits under the tool span that started it.
-    [child] = [s for s in telemetry.named("invoke_agent sub-")]
+    [child] = telemetry.named("invoke_agent sub-")
     assert parent_of(child, spans) is tools["c4"]
     assert child.context.trace_id == turn.context.trace_id
     [child_chat] = [s for s in spans if parent_of(s, spans) is child]
@@ -373,7 +373,7 @@ async def test_a_routed_message_and_a_resumed_turn_link_to_their_span_contexts(
         rt.llm.register("scripted", ScriptedModel(["removed it"]))
 
         @rt.tools.tool
-        async def rm(path: str) -> str:  # noqa: F811 - the same tool in the new runtime
+        async def rm(path: str) -> str:
             """Remove."""
             return "removed"
 
@@ -395,7 +395,7 @@ async def test_a_routed_message_and_a_resumed_turn_link_to_their_span_contexts(
     assert [link.context.span_id for link in resumed.links] == [
         second_span.get_span_context().span_id
     ]
-    parked = [s for s in telemetry.named("execute_tool rm")]
+    parked = telemetry.named("execute_tool rm")
     assert len(parked) == 2
     assert attrs_of(parked[0])["agentloop.tool.suspended"] is True
     assert [e.name for e in parked[1].events] == ["agentloop.approval.answered"]
