@@ -24,7 +24,7 @@ PUBLIC = {
 
 # From the top down; a module may import its own layer and any layer below it.
 LAYERS: list[tuple[str, set[str]]] = [
-    ("app", {"__main__", "_cli", "_cli_render", "_cli_screen"}),
+    ("app", {"__main__", "_cli", "_cli_render", "_cli_screen", "_cli_ui"}),
     ("public", {"__init__", "events", "testing", "_catalog"}),
     ("runtime", {"_runtime"}),
     ("plugin", {"_plugin"}),
