@@ -1389,11 +1389,11 @@ def _configure_logging(verbose: bool, err: TextIO) -> Callable[[], None]:
 
 async def _ui(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
-        from . import _cli_ui
+        from ._cli_ui import check_host, run_inspector
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
         raise CliError(f"agentloop ui needs the 'ui' extra ({exc.name} is missing)") from None
     try:
-        _cli_ui.check_host(args.host, args.public)
+        check_host(args.host, args.public)
     except ValueError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
     store = _store_path(args)
@@ -1405,7 +1405,7 @@ async def _ui(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     else:
         plan = attrs.evolve(plan, db=store)
     async with _runtime(plan, os.environ, err) as rt:
-        return await _cli_ui.run(rt, host=args.host, port=args.port, store=store,
+        return await run_inspector(rt, host=args.host, port=args.port, store=store,
                                  agent_options=plan.options, out=out)
 
 

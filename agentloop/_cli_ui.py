@@ -518,7 +518,7 @@ def check_host(host: str, public: bool) -> None:
         )
 
 
-async def run(
+async def run_inspector(
     ctx: Context, *, host: str, port: int, store: str | None,
     agent_options: AgentOptions | None, out: TextIO,
 ) -> int:

@@ -30,7 +30,7 @@ pytest.importorskip("hypercorn", reason="the inspector needs the ui extra (hyper
 pytest.importorskip("markdown_it", reason="the inspector needs the ui extra (markdown-it-py)")
 pytest.importorskip("ag_ui", reason="the inspector needs the ui extra (ag-ui-protocol)")
 
-from agentloop._cli_ui import Inspector, serve, shown_store  # noqa: E402
+from agentloop._cli_ui import Inspector, serve, shown_store
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-live-7f3a9c01-SECRET-b2e4"
@@ -347,9 +347,9 @@ async def test_the_command_prints_a_tokened_loopback_url(tmp_path: Path) -> None
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     argv = [sys.executable, "-m", "agentloop", "ui", "--config", str(config), "--port", "0",
             "--provider", "fake"]
-    refused = subprocess.run([*argv, "--host", "0.0.0.0"], capture_output=True, text=True,
-                             env=env, timeout=60, check=False)
-    assert refused.returncode != 0 and "--public" in refused.stderr
+    refused = await trio.run_process([*argv, "--host", "0.0.0.0"], capture_stdout=True,
+                                     capture_stderr=True, env=env, check=False)
+    assert refused.returncode != 0 and b"--public" in refused.stderr
     process = await trio.lowlevel.open_process(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
     )
