@@ -67,7 +67,7 @@ async def served(tmp_path: Path, *, config: dict[str, Any] | None = None) -> Asy
         model = ScriptedModel()
         rt.llm.register("scripted", model)
         token = "t0ken-" + "x" * 20
-        inspector = Inspector(rt, token=token, store=str(tmp_path / "s.db"),
+        inspector = Inspector(rt, token=token, store="sessions.db",
                               agent_options=OPTIONS)
         base = await nursery.start(lambda task_status: serve(
             inspector, host="127.0.0.1", port=0, task_status=task_status))
