@@ -26,7 +26,7 @@ import hmac
 import json
 import secrets
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any, TextIO
 
 import trio
@@ -336,18 +336,21 @@ class Inspector:
         ]})
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope)
-            async for event in agui_events(agent, content, run_input.thread_id,
-                                           run_input.run_id):
+
+            async def emit(event: Any) -> None:
                 await send({"type": "http.response.body", "more_body": True,
                             "body": encoder.encode(event).encode()})
+
+            await agui_run(agent, content, run_input.thread_id, run_input.run_id, emit)
             await send({"type": "http.response.body", "body": b""})
             nursery.cancel_scope.cancel()
 
 
-async def agui_events(
-    agent: agentloop.Agent, content: Any, thread_id: str, run_id: str
-) -> AsyncIterator[Any]:
-    """The AG-UI events of the turn that answers ``content``, from its log."""
+async def agui_run(
+    agent: agentloop.Agent, content: Any, thread_id: str, run_id: str,
+    emit: Callable[[Any], Awaitable[None]],
+) -> None:
+    """Run the turn that answers ``content``; ``emit`` each AG-UI event of it, from its log."""
     from ag_ui.core import (
         RunErrorEvent,
         RunFinishedEvent,
@@ -361,7 +364,7 @@ async def agui_events(
         ToolCallStartEvent,
     )
 
-    yield RunStartedEvent(thread_id=thread_id, run_id=run_id)
+    await emit(RunStartedEvent(thread_id=thread_id, run_id=run_id))
     message_id: str | None = None
     last_message: str | None = None
     async with agent.run(content) as run:
@@ -370,38 +373,39 @@ async def agui_events(
             if event.type == "assistant/chunk" and data.get("kind") == "text":
                 if message_id is None:
                     message_id = f"{run_id}-{event.seq}"
-                    yield TextMessageStartEvent(message_id=message_id, role="assistant")
+                    await emit(TextMessageStartEvent(message_id=message_id, role="assistant"))
                 if data.get("delta"):
-                    yield TextMessageContentEvent(message_id=message_id, delta=data["delta"])
+                    await emit(TextMessageContentEvent(message_id=message_id,
+                                                       delta=data["delta"]))
             elif event.type == "assistant/message":
                 if message_id is not None:
-                    yield TextMessageEndEvent(message_id=message_id)
+                    await emit(TextMessageEndEvent(message_id=message_id))
                     last_message, message_id = message_id, None
             elif event.type == "tool/call":
-                yield ToolCallStartEvent(tool_call_id=data["call_id"],
-                                         tool_call_name=data["name"],
-                                         parent_message_id=last_message)
-                yield ToolCallArgsEvent(tool_call_id=data["call_id"],
-                                        delta=json.dumps(agentloop.thaw(data["arguments"])))
-                yield ToolCallEndEvent(tool_call_id=data["call_id"])
+                await emit(ToolCallStartEvent(tool_call_id=data["call_id"],
+                                              tool_call_name=data["name"],
+                                              parent_message_id=last_message))
+                await emit(ToolCallArgsEvent(tool_call_id=data["call_id"],
+                                             delta=json.dumps(agentloop.thaw(data["arguments"]))))
+                await emit(ToolCallEndEvent(tool_call_id=data["call_id"]))
             elif event.type == "tool/result":
                 result = data.get("content")
-                yield ToolCallResultEvent(
+                await emit(ToolCallResultEvent(
                     message_id=f"{run_id}-result-{data['call_id']}",
                     tool_call_id=data["call_id"], role="tool",
                     content=result if isinstance(result, str)
                     else json.dumps(agentloop.thaw(result)),
-                )
+                ))
             elif event.type == "turn/end":
                 if data.get("reason") == "error":
                     error = data.get("error") or {}
-                    yield RunErrorEvent(
+                    await emit(RunErrorEvent(
                         message=str(error.get("message") or "the turn failed"),
                         code=str(error["code"]) if error.get("code") else None,
-                    )
+                    ))
                 else:
-                    yield RunFinishedEvent(thread_id=thread_id, run_id=run_id,
-                                           result={"reason": data.get("reason")})
+                    await emit(RunFinishedEvent(thread_id=thread_id, run_id=run_id,
+                                                result={"reason": data.get("reason")}))
 
 
 # --- ASGI helpers ------------------------------------------------------------------------------

@@ -28,10 +28,10 @@ pytest.importorskip("hypercorn", reason="the inspector needs the ui extra (hyper
 pytest.importorskip("markdown_it", reason="the inspector needs the ui extra (markdown-it-py)")
 webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (the test extra)")
 
-from selenium.common.exceptions import WebDriverException  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
-from test_inspector import SCRIPT, Served, served  # noqa: E402
+from selenium.common.exceptions import WebDriverException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+from test_inspector import SCRIPT, Served, served
 
 pytestmark = pytest.mark.slow
 
