@@ -1404,9 +1404,12 @@ async def _ui(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             plan.config, persistence=PersistenceConfig(backend="postgres", dsn=store)))
     else:
         plan = attrs.evolve(plan, db=store)
-    async with _runtime(plan, os.environ, err) as rt:
-        return await run_inspector(rt, host=args.host, port=args.port, store=store,
-                                 agent_options=plan.options, out=out)
+    # Ctrl-C stops serving through a cancel scope, so the runtime closes as on any exit:
+    # the agents the inspector resumed are disposed and flushed first.
+    async with _interrupts() as interrupts, _runtime(plan, os.environ, err) as rt:
+        await run_inspector(rt, host=args.host, port=args.port, store=store,
+                            agent_options=plan.options, out=out)
+    return EXIT_INTERRUPTED if interrupts.seen else EXIT_OK
 
 
 def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

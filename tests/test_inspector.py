@@ -337,21 +337,14 @@ async def test_agui_streams_a_turn_as_agui_events(tmp_path: Path) -> None:
 # --- the command ----------------------------------------------------------------------------
 
 
-async def test_the_command_prints_a_tokened_loopback_url(tmp_path: Path) -> None:
-    config = tmp_path / "agentloop.toml"
-    config.write_text(
-        f'[persistence]\nbackend = "sqlite"\npath = "{tmp_path / "s.db"}"\n'
-        '[providers.fake]\nkind = "openai"\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "m"\n'
-        f'api_key = "{KEY}"\n'
-    )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    argv = [sys.executable, "-m", "agentloop", "ui", "--config", str(config), "--port", "0",
-            "--provider", "fake"]
-    refused = await trio.run_process([*argv, "--host", "0.0.0.0"], capture_stdout=True,
-                                     capture_stderr=True, env=env, check=False)
-    assert refused.returncode != 0 and b"--public" in refused.stderr
+@contextlib.asynccontextmanager
+async def ui_process(argv: list[str]) -> AsyncIterator[str]:
+    """``agentloop ui ARGV`` in a process of its own; yields the URL it prints, then stops it
+    with SIGINT (a person's Ctrl-C) and checks it exits as interrupted."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"}
     process = await trio.lowlevel.open_process(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        [sys.executable, "-m", "agentloop", "ui", "--port", "0", *argv],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
     )
     try:
         assert process.stdout is not None
@@ -361,7 +354,33 @@ async def test_the_command_prints_a_tokened_loopback_url(tmp_path: Path) -> None
                 chunk = await process.stdout.receive_some(1)
                 assert chunk, "the command exited before printing its URL"
                 line += chunk
-        url = line.decode().split(": ", 1)[1].strip()
+        yield line.decode().split(": ", 1)[1].strip()
+        process.send_signal(signal.SIGINT)
+        with trio.fail_after(20):
+            assert await process.wait() == 130
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGABRT)
+            await process.wait()
+            assert process.stderr is not None
+            print((await process.stderr.receive_some(100000)).decode())
+
+
+async def test_the_command_prints_a_tokened_loopback_url(tmp_path: Path) -> None:
+    config = tmp_path / "agentloop.toml"
+    config.write_text(
+        f'[persistence]\nbackend = "sqlite"\npath = "{tmp_path / "s.db"}"\n'
+        '[providers.fake]\nkind = "openai"\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "m"\n'
+        f'api_key = "{KEY}"\n'
+    )
+    argv = ["--config", str(config), "--provider", "fake"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    refused = await trio.run_process(
+        [sys.executable, "-m", "agentloop", "ui", *argv, "--host", "0.0.0.0"],
+        capture_stdout=True, capture_stderr=True, env=env, check=False,
+    )
+    assert refused.returncode != 0 and b"--public" in refused.stderr
+    async with ui_process(argv) as url:
         assert url.startswith("http://127.0.0.1:") and "?token=" in url
         base, token = url.split("/?token=")
         async with httpx.AsyncClient(timeout=10) as client:
@@ -371,10 +390,3 @@ async def test_the_command_prints_a_tokened_loopback_url(tmp_path: Path) -> None
             assert KEY[:10] not in page.text
             assert (await client.get(base + "/api/sessions",
                                      params={"token": token})).json() == {"sessions": []}
-        process.send_signal(signal.SIGINT)
-        with trio.fail_after(20):
-            assert await process.wait() == 130
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
