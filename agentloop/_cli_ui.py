@@ -146,6 +146,10 @@ class Inspector:
             await self._route(method, path, query, headers, body, receive, send)
         except HTTPError as exc:
             await _json_response(send, exc.status, {"error": exc.message})
+        except agentloop.AgentLoopError as exc:
+            # The runtime refused (a session driven elsewhere, a store that failed, ...):
+            # its message names what, and never a secret.
+            await _json_response(send, 409, {"error": str(exc)})
 
     def _allowed(self, candidate: str) -> bool:
         return bool(candidate) and hmac.compare_digest(candidate.encode(), self._token.encode())
@@ -762,7 +766,7 @@ function open(id) {
   source = new EventSource("/api/sessions/" + encodeURIComponent(id) + "/stream");
   source.addEventListener("log", (m) => apply(JSON.parse(m.data)));
   source.addEventListener("ready", () => { document.body.dataset.ready = id; loadSessions(); });
-  history.replaceState(null, "", "#" + encodeURIComponent(id));
+  history.replaceState(null, "", location.pathname + "#" + encodeURIComponent(id));
 }
 $("followup").onsubmit = async (ev) => {
   ev.preventDefault();
@@ -775,6 +779,8 @@ $("followup").onsubmit = async (ev) => {
     loadSessions();
   } catch (err) { $("status").textContent = err.message; }
 };
+// The token lives on in the cookie; keep it out of the address bar and the history.
+history.replaceState(null, "", location.pathname + location.hash);
 loadSessions().then(() => {
   if (location.hash.length > 1) open(decodeURIComponent(location.hash.slice(1)));
 });

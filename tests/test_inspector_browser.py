@@ -137,6 +137,9 @@ async def test_watch_a_turn_approve_a_call_and_send_a_follow_up(
             await open_page(browser, s, "demo")
 
             def send_first() -> None:
+                # The token went from the address bar to an HttpOnly cookie.
+                assert "token" not in browser.current_url
+                assert browser.execute_script("return document.cookie") == ""
                 tree = text_of(browser, "#sessions li li")
                 assert "demo-research" in tree, tree  # the child, nested under its parent
                 browser.find_element(By.ID, "followup-text").send_keys("Clean up the draft")
