@@ -220,6 +220,35 @@ async def test_a_turn_with_parallel_tools_an_error_a_retry_a_subagent_and_an_app
         == ["rate_limited"]
 
 
+async def test_a_background_job_runs_under_the_call_that_started_it(
+    telemetry: Telemetry,
+) -> None:
+    async with agentloop.open_runtime(plugins=[telemetry.plugin()]) as rt:
+        rt.llm.register("scripted", ScriptedModel([
+            reply("", tool_calls=[("background", {}, "b1")]), "started it", "job done",
+        ]))
+        jobs: list[agentloop.Job] = []
+
+        @rt.tools.tool
+        async def background() -> str:
+            """Start a job."""
+            jobs.append(await rt.jobs.start("work"))
+            return jobs[-1].id
+
+        handle = await rt.agents.create(session_id="bg", agent_options=OPTIONS)
+        async with handle:
+            with trio.fail_after(10):
+                await handle.agent.ask("go")
+                assert (await jobs[0].result()).text in ("started it", "job done")
+    spans = telemetry.spans()
+    [tool] = telemetry.named("execute_tool background")
+    [child] = [s for s in telemetry.named("invoke_agent ") if s.name != "invoke_agent bg"]
+    # The job's turn usually begins after the call has returned; either way it sits under it.
+    assert child.parent is not None and child.parent.span_id == tool.context.span_id
+    assert child.context.trace_id == tool.context.trace_id
+    assert parent_of(child, spans) is tool
+
+
 async def test_cancel_and_a_failed_turn(telemetry: Telemetry) -> None:
     model = ScriptedModel([
         reply("", tool_calls=[("wait", {}, "w1"), ("wait", {}, "w2")]),

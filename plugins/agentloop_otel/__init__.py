@@ -50,7 +50,15 @@ import attrs
 import trio
 from opentelemetry import metrics, trace
 from opentelemetry.context import Context as OtelContext
-from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 import agentloop
@@ -60,6 +68,7 @@ from agentloop.events import SessionCreated, SessionDisposed, SessionEventAppend
 __all__ = ["OtelConfig", "install", "plugin", "otel", "traced_source", "Tracing"]
 
 _SCOPE: Final = "agentloop"
+_ENDED_CALLS: Final = 64
 _PROPAGATOR: Final = TraceContextTextMapPropagator()
 # The bucket boundaries the GenAI conventions advise for these two histograms.
 _TOKEN_BUCKETS: Final = (
@@ -147,6 +156,10 @@ class _Session:
     # Span contexts of the calls a suspended turn left parked, for the turn that answers them.
     parked: dict[str, SpanContext] = attrs.field(factory=dict)
     suspended: SpanContext | None = None
+    # The latest ended calls' span contexts: a background job started by a call opens its
+    # turn after the call returned, and still belongs under it.
+    ended: dict[str, SpanContext] = attrs.field(factory=dict)
+    turns: int = 0
 
 
 class Tracing:
@@ -244,6 +257,9 @@ class Tracing:
             tool = parent.tools.get(state.parent_call_id)
             if tool is not None:
                 return trace.set_span_in_context(tool)
+            ended = parent.ended.get(state.parent_call_id)
+            if ended is not None and state.turns == 0:
+                return trace.set_span_in_context(NonRecordingSpan(ended))
         return parent.turn_context
 
     def _turn_start(self, session_id: str, event: SessionEvent) -> None:
@@ -271,6 +287,7 @@ class Tracing:
         )
         state.turn = span
         state.turn_context = trace.set_span_in_context(span)
+        state.turns += 1
 
     def _stored_links(self, session_id: str) -> list[Link]:
         """Links to what the log of a resumed session stored: the ``traceparent`` of the
@@ -517,6 +534,9 @@ class Tracing:
         if self._capture:
             span.set_attribute("gen_ai.tool.call.result", _json(data.get("content")))
         span.end()
+        state.ended[call_id] = span.get_span_context()
+        if len(state.ended) > _ENDED_CALLS:
+            del state.ended[next(iter(state.ended))]
 
 
 def install(
