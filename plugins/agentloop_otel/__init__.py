@@ -107,6 +107,9 @@ def traced_source(source: Mapping[str, Any] | None = None) -> dict[str, Any]:
 
 
 def _link_of(source: object) -> SpanContext | None:
+    if isinstance(source, Mapping) and isinstance(source.get("sender"), Mapping):
+        # Routed between runtimes, the sender's source is kept under "sender".
+        source = source["sender"]
     if not isinstance(source, Mapping) or not isinstance(source.get("traceparent"), str):
         return None
     carrier = {"traceparent": source["traceparent"]}
