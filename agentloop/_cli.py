@@ -48,6 +48,7 @@ from agentloop import (
     ConfigError,
     Context,
     InvalidContent,
+    PersistenceConfig,
     PersistenceError,
     SessionEvent,
     SessionNotFound,
@@ -1323,6 +1324,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_agent_options(acp)
     acp.add_argument("--agent", metavar="ID", help="the configured agent to serve")
+    ui = commands.add_parser("ui", parents=[common],
+                             help="a web inspector of the sessions (the 'ui' extra)")
+    ui.add_argument("--provider", metavar="P", help="provider route for new sessions")
+    ui.add_argument("--model", metavar="M", help="model name for the provider")
+    ui.add_argument("--db", metavar="PATH|DSN", help="the session store")
+    ui.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    ui.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks one)")
+    ui.add_argument("--public", action="store_true",
+                    help="allow a --host beyond loopback")
+    ui.set_defaults(session=None, resume=None, max_tokens=None, no_persist=False)
     return parser
 
 
@@ -1401,7 +1412,34 @@ def _configure_logging(verbose: bool, err: TextIO) -> Callable[[], None]:
     return restore
 
 
+async def _ui(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    try:
+        from ._cli_ui import check_host, run_inspector
+    except ImportError as exc:  # pragma: no cover - depends on the installed extras
+        raise CliError(f"agentloop ui needs the 'ui' extra ({exc.name} is missing)") from None
+    try:
+        check_host(args.host, args.public)
+    except ValueError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    store = _store_path(args)
+    plan = make_plan(args, os.environ)
+    if store.startswith(("postgresql://", "postgres://")):
+        # The runtime drives what it resumes, so it opens the store itself (with leases).
+        plan = attrs.evolve(plan, db=None, config=attrs.evolve(
+            plan.config, persistence=PersistenceConfig(backend="postgres", dsn=store)))
+    else:
+        plan = attrs.evolve(plan, db=store)
+    # Ctrl-C stops serving through a cancel scope, so the runtime closes as on any exit:
+    # the agents the inspector resumed are disposed and flushed first.
+    async with _interrupts() as interrupts, _runtime(plan, os.environ, err) as rt:
+        await run_inspector(rt, host=args.host, port=args.port, store=store,
+                            agent_options=plan.options, out=out)
+    return EXIT_INTERRUPTED if interrupts.seen else EXIT_OK
+
+
 def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if args.command == "ui":
+        return trio.run(_ui, args, out, err)
     if args.command == "sessions":
         if args.sessions_command == "list":
             return trio.run(_sessions_list, args, out, err)

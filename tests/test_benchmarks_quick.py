@@ -118,6 +118,7 @@ OTHERS = [
     (["bench_cli_markdown.py", "--quick"], "block by block"),
     (["bench_sqlite.py", "{tmp}"], "load: one session"),
     (["bench_postgres.py"], "postgres (batched, one thread)"),
+    (["bench_otel.py", "--quick"], "otel plugin, no SDK configured"),
 ]
 
 
@@ -127,6 +128,8 @@ def test_every_benchmark_script_runs(argv: list[str], expected: str, tmp_path: P
         pytest.skip("no PostgreSQL server binaries (initdb) on this machine")
     if argv[0] == "bench_cli_markdown.py":
         pytest.importorskip("rich", reason="bench_cli_markdown.py needs the tui extra (rich)")
+    if argv[0] == "bench_otel.py":
+        pytest.importorskip("opentelemetry", reason="bench_otel.py needs the otel extra")
     script, *args = argv
     out = run_script(str(BENCHMARKS / script), *(a.format(tmp=tmp_path) for a in args))
     assert expected in out, out
