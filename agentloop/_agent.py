@@ -41,6 +41,7 @@ from ._events import (
     _Outcome,
 )
 from ._inbox import TARGETS, Inbox, InboxState, Target
+from ._inputs import check_prompt
 from ._json import FrozenDict, freeze, freeze_repaired, repair_text, text_problem
 from ._model import (
     AgentOptions,
@@ -104,10 +105,12 @@ def _freeze_content(content: object) -> Content:
         problem = text_problem(content)
         if problem is not None:
             raise InvalidContent(f"content: {problem}")
+        check_prompt(content)
         return content
     if isinstance(content, (list, tuple)):
         frozen = freeze(content, path="content")
         assert isinstance(frozen, tuple)
+        check_prompt(frozen)
         return frozen
     raise InvalidContent(
         f"content: must be a string or a list of JSON parts, got {type(content).__name__}"

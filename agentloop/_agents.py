@@ -36,6 +36,7 @@ from ._events import (
     SessionCreated,
     SessionDisposed,
 )
+from ._inputs import check_meta, check_seed
 from ._json import FrozenDict, freeze
 from ._model import AgentOptions, CallConfig, SessionEvent
 from ._session import Session, recover_crashed_turn, validate_session_id
@@ -91,6 +92,7 @@ def _freeze_meta(meta: Mapping[str, Any] | None) -> FrozenDict:
         raise InvalidContent(f"meta: must be a mapping, got {type(meta).__name__}")
     frozen = freeze(meta, path="meta")
     assert isinstance(frozen, FrozenDict)
+    check_meta(frozen)
     return frozen
 
 
@@ -115,6 +117,7 @@ def _seed_events(seed: Sequence[Any] | None) -> list[SessionEvent]:
         if not isinstance(frozen, FrozenDict):
             raise InvalidContent(f"seed[{i}].data: must be an object, got {payload!r}")
         out.append(SessionEvent(i + 1, type_, turn, frozen))
+    check_seed(out)
     return out
 
 

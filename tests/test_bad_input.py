@@ -22,10 +22,12 @@ from agentloop.testing import (
     Finish,
     FunctionModel,
     Recording,
+    ScriptedModel,
     TextDelta,
     ToolCallDelta,
     record_stream,
     replay_stream,
+    reply,
 )
 
 OPTIONS = AgentOptions(provider="fn", model="m")
@@ -181,3 +183,83 @@ async def test_record_stream_finds_a_listed_secret_cut_in_two_by_the_reads(
     (exchange,) = Recording.load(file).exchanges
     assert exchange.chunks == (line[:line.index(secret.encode())] + b"<scrubbed>",
                                b'"}\n\n')
+
+
+# --- Medium: an empty prompt is refused at send ---------------------------------------------
+
+
+@pytest.mark.parametrize("content", [
+    "", "   \n\t", [], [{"type": "text", "text": ""}],
+    [{"type": "text", "text": "fine"}, {"type": "text", "text": "  "}],
+])
+async def test_an_empty_prompt_is_refused_at_send_and_changes_nothing(
+    rt: Context, content: Any,
+) -> None:
+    rt.llm.register("s", ScriptedModel([reply("ok")]))
+    async with await rt.agents.create(
+        session_id="e", agent_options=AgentOptions(provider="s", model="m")
+    ) as handle:
+        agent = handle.agent
+        for send in (agent.followup, agent.steer, agent.inject):
+            with pytest.raises(agentloop.InvalidContent, match="empty"):
+                send(content)
+        with pytest.raises(agentloop.InvalidContent, match="empty"):
+            await agent.ask(content)
+        pending = agent.followup("a real question")
+        with pytest.raises(agentloop.InvalidContent, match="empty"):
+            agent.edit(pending, content)
+        await agent.wait_idle()
+        # Nothing empty reached the log, and the session still works.
+        assert [m.text for m in agent.session.messages()] == ["a real question", "ok"]
+    with pytest.raises(agentloop.InvalidContent, match="empty"):
+        await rt.subagents.run(content)
+
+
+# --- Medium: a seed is a log prefix that ends at a turn boundary ----------------------------
+
+
+def _turn(n: int, text: str) -> list[dict[str, Any]]:
+    return [
+        {"type": "turn/start", "turn": n, "data": {"turn": n}},
+        {"type": "user/message", "turn": n,
+         "data": {"message_id": f"m{n}", "content": text, "source": None}},
+        {"type": "assistant/message", "turn": n,
+         "data": {"step": 1, "content": f"re: {text}", "source_event_seqs": [],
+                  "finish_reason": "stop", "usage": {}, "interrupted": False}},
+        {"type": "turn/end", "turn": n, "data": {"turn": n, "reason": "completed"}},
+    ]
+
+
+@pytest.mark.parametrize(("seed", "match"), [
+    (_turn(1, "a")[:2], r"seed: ends inside turn 1 \(its turn/start is seed\[0\]"),
+    (_turn(1, "a")[:2] + _turn(2, "b"), r"seed\[2\]: turn/start \(turn 2\) inside turn 1"),
+    ([_turn(1, "a")[-1]], r"seed\[0\]: turn/end without a turn/start"),
+    ([{"type": "user/message", "data": {}}], r"seed\[0\] \(user/message\): malformed.*content"),
+    ([{"type": "tool/result", "data": {"call_id": "c"}}], r"seed\[0\] \(tool/result\)"),
+])
+async def test_a_seed_cut_mid_turn_or_malformed_is_invalid_content(
+    rt: Context, seed: list[dict[str, Any]], match: str,
+) -> None:
+    with pytest.raises(agentloop.InvalidContent, match=match):
+        await rt.agents.create(session_id="s", seed=seed)
+    assert rt.agents.get("s") is None
+    with pytest.raises(agentloop.InvalidContent, match=match):
+        await rt.subagents.spawn(seed=seed)
+    # A whole turn is a valid seed.
+    rt.llm.register("s", ScriptedModel([reply("two")]))
+    async with await rt.agents.create(
+        session_id="ok", seed=_turn(1, "one"), agent_options=AgentOptions(provider="s", model="m")
+    ) as handle:
+        assert (await handle.agent.ask("and?")).text == "two"
+
+
+# --- Low: meta cannot lift subagents.max_depth ----------------------------------------------
+
+
+@pytest.mark.parametrize("depth", [-10, -1, True, 1.5, "0"])
+async def test_a_bad_meta_depth_is_refused(rt: Context, depth: Any) -> None:
+    with pytest.raises(agentloop.InvalidContent, match=r"meta\['depth'\].*non-negative"):
+        await rt.agents.create(session_id="d", meta={"depth": depth})
+    assert rt.agents.get("d") is None
+    async with await rt.agents.create(session_id="d", meta={"depth": 2}) as handle:
+        assert handle.agent.session.meta["depth"] == 2
