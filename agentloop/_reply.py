@@ -38,6 +38,17 @@ class StepOutcome:
     verdict: Verdict | None = None
 
 
+def _same_call(index: int, acc: _CallParts, call_id: str | None, name: str | None) -> None:
+    """Another id or name at a call's index is another call: merging them would run one
+    with the other's arguments, so the stream is refused instead."""
+    for what, had, got in (("id", acc.id, call_id), ("name", acc.name, name)):
+        if had is not None and got is not None and had != got:
+            raise ProviderError(
+                f"tool call {index} changed its {what} from {had!r} to {got!r} mid-stream",
+                code="invalid_stream",
+            )
+
+
 @attrs.define(slots=True, eq=False)
 class _CallParts:
     """The fragments of one streamed tool call, by its index in the stream."""
@@ -195,6 +206,7 @@ async def fold_stream(
                     if acc is None:
                         acc = calls[part.index] = _CallParts(call_id, name, [])
                     else:
+                        _same_call(part.index, acc, call_id, name)
                         acc.id = acc.id or call_id
                         acc.name = acc.name or name
                     acc.fragments.append(fragment)
