@@ -3,11 +3,14 @@ wrong, or handled correctly; nothing accepted is lost (one regression test per d
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import httpx
 import loopback
 import pytest
@@ -17,6 +20,7 @@ from agentloop_subagent import Profile, subagents
 
 import agentloop
 from agentloop import AgentOptions, Context
+from agentloop._json import thaw
 from agentloop.llm import LLMRequest, OpenAIChatAdapter
 from agentloop.testing import (
     Finish,
@@ -263,3 +267,110 @@ async def test_a_bad_meta_depth_is_refused(rt: Context, depth: Any) -> None:
     assert rt.agents.get("d") is None
     async with await rt.agents.create(session_id="d", meta={"depth": 2}) as handle:
         assert handle.agent.session.meta["depth"] == 2
+
+
+# --- Medium: structured output JSON cannot hold, or the type refuses, is a correction -------
+
+NUMBER = {"type": "object", "properties": {"answer": {"type": "number"}},
+          "required": ["answer"]}
+DEEP = '{"answer": 1, "x": ' + "[" * 5000 + "]" * 5000 + "}"
+
+
+@attrs.frozen
+class Positive:
+    x: int = attrs.field(validator=attrs.validators.ge(0))
+
+
+@dataclasses.dataclass(frozen=True)
+class Even:
+    n: int
+
+    def __post_init__(self) -> None:
+        if self.n % 2:
+            raise ValueError(f"n must be even, got {self.n}")
+
+
+class NativeModel(FunctionModel):
+    supports_json_schema = True
+
+
+BAD_OUTPUTS = [
+    (NUMBER, '{"answer": 1e400}', '{"answer": 2}', {"answer": 2}, "cannot be stored"),
+    (NUMBER, DEEP, '{"answer": 2}', {"answer": 2}, "JSON"),
+    (Positive, '{"x": -1}', '{"x": 2}', Positive(2), "Positive refused the output"),
+    (Even, '{"n": 3}', '{"n": 4}', Even(4), "n must be even, got 3"),
+]
+
+
+def _corrections(agent: agentloop.Agent) -> list[str]:
+    return [json.dumps(thaw(e.data["content"])) for e in agent.session.events
+            if e.type in ("user/message", "steering/message") and e.data.get("source")
+            and e.data["source"].get("kind") == "output-correction"] + [
+        str(e.data["content"]) for e in agent.session.events
+        if e.type == "tool/result" and e.data.get("error_code") == "OUTPUT_INVALID"]
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["final_result", "native"])
+@pytest.mark.parametrize(("output_type", "bad", "good", "expected", "said"), BAD_OUTPUTS)
+async def test_unholdable_or_refused_output_is_sent_back_for_correction(
+    rt: Context, native: bool, output_type: Any, bad: str, good: str, expected: Any, said: str,
+) -> None:
+    if native:
+        texts = iter([bad, good])
+
+        async def fn(request: LLMRequest) -> AsyncIterator[Part]:
+            yield TextDelta(next(texts))
+            yield Finish("stop")
+
+        rt.llm.register("s", NativeModel(fn))
+    else:
+        rt.llm.register("s", ScriptedModel([
+            reply(tool_calls=[("final_result", bad, "c1")]),
+            reply(tool_calls=[("final_result", good, "c2")]),
+        ]))
+    async with await rt.agents.create(
+        session_id="o", agent_options=AgentOptions(provider="s", model="m", output_retries=1)
+    ) as handle:
+        result = await handle.agent.ask("q", output_type=output_type)
+        assert result.reason == "completed"
+        assert result.output == expected
+        told = _corrections(handle.agent)
+        assert len(told) == 1 and said in told[0], told
+
+
+async def test_a_refused_output_counts_against_output_retries(rt: Context) -> None:
+    rt.llm.register("s", ScriptedModel([
+        reply(tool_calls=[("final_result", {"x": -1}, "c1")]),
+        reply(tool_calls=[("final_result", {"x": -2}, "c2")]),
+    ]))
+    async with await rt.agents.create(
+        session_id="o", agent_options=AgentOptions(provider="s", model="m", output_retries=1)
+    ) as handle:
+        with pytest.raises(agentloop.TurnFailed) as info:
+            await handle.agent.ask("q", output_type=Positive)
+        assert info.value.error.code == "OUTPUT_INVALID"
+        assert "Positive refused the output" in str(info.value.error)
+
+
+@pytest.mark.parametrize(("schema", "said"), [
+    ({"type": "array", "items": {"type": "integer"}}, "must describe a JSON object"),
+    ({"properties": {"a": {"type": "integer"}}}, "must describe a JSON object"),
+    ({"type": "object", "properties": 5}, '"properties" must be an object'),
+    ({"type": "object", "properties": {"a": 3}}, '"properties".a must be a schema'),
+    ({"type": "object", "required": "a"}, '"required" must be a list'),
+    ({"type": "object", "additionalProperties": "no"}, '"additionalProperties"'),
+    ({"type": "object", "default": float("nan")}, "not JSON"),
+])
+async def test_a_malformed_schema_is_refused_before_any_model_call(
+    rt: Context, schema: dict[str, Any], said: str,
+) -> None:
+    model = ScriptedModel([reply("never")])
+    rt.llm.register("s", model)
+    async with await rt.agents.create(
+        session_id="o", agent_options=AgentOptions(provider="s", model="m")
+    ) as handle:
+        with pytest.raises(agentloop.ToolDefinitionError, match=re.escape(said)):
+            await handle.agent.ask("q", output_type=schema)
+        await handle.agent.wait_idle()
+        assert model.requests == []
+        assert not [e for e in handle.agent.session.events if e.type == "turn/start"]
