@@ -10,7 +10,6 @@ Where the adapter declares ``supports_json_schema`` the schema travels on
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from typing import Any, Final, NoReturn
 
