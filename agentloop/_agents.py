@@ -223,6 +223,7 @@ class Supervisor:
                             self._apply_detach(request.agent)
                     except Exception:
                         log.exception("supervisor: a %s request failed", type(request).__name__)
+                    del request  # a detached agent must not live on until the next request
 
     def close(self) -> None:
         """No more requests (runtime exit, once every agent is quiescent)."""

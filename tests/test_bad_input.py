@@ -4,6 +4,7 @@ wrong, or handled correctly; nothing accepted is lost (one regression test per d
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import re
 from collections.abc import AsyncIterator
@@ -374,3 +375,28 @@ async def test_a_malformed_schema_is_refused_before_any_model_call(
         await handle.agent.wait_idle()
         assert model.requests == []
         assert not [e for e in handle.agent.session.events if e.type == "turn/start"]
+
+
+# --- Medium: a finished background job keeps its result, not its child ----------------------
+
+
+async def test_a_finished_job_releases_its_disposed_child() -> None:
+    from agentloop._session import Session
+
+    answer = "a long answer " * 700  # about 9.8 KiB, as reported
+    model = ScriptedModel([reply(answer)] * 3)
+    async with agentloop.open_runtime() as rt:
+        rt.llm.register("s", model)
+        options = AgentOptions(provider="s", model="m")
+        async with await rt.agents.create(session_id="p", agent_options=options):
+            jobs = [await rt.jobs.start(f"task {i}", agent_options=options) for i in range(3)]
+            results = [await job.result() for job in jobs]
+            await trio.testing.wait_all_tasks_blocked()
+            model.requests.clear()  # the double keeps every request it saw; the runtime must not
+            gc.collect()
+            kept = {o.id for o in gc.get_objects() if isinstance(o, Session)}
+            assert kept.isdisjoint(job.session_id for job in jobs), kept
+            assert [job.status for job in jobs] == ["done"] * 3
+            assert all(r.text == answer for r in results)
+            assert (await jobs[0].result()).text == answer  # the result stays
+            assert rt.jobs.list() == jobs
