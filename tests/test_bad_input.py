@@ -400,3 +400,30 @@ async def test_a_finished_job_releases_its_disposed_child() -> None:
             assert all(r.text == answer for r in results)
             assert (await jobs[0].result()).text == answer  # the result stays
             assert rt.jobs.list() == jobs
+
+
+# --- Medium: the Lagged marker reports every missed event -----------------------------------
+
+
+async def test_a_reader_that_drains_is_told_of_every_event_it_missed(rt: Context) -> None:
+    from agentloop.events import InboxInserted
+
+    async with await rt.agents.create(session_id="l") as handle:
+        agent = handle.agent
+        async with rt.events.subscribe(InboxInserted, capacity=2) as rx:
+            for i in range(5):
+                agent.inject(f"burst1-{i}")
+            await trio.testing.wait_all_tasks_blocked()
+            for i in range(4):
+                agent.inject(f"burst2-{i}")
+            await trio.testing.wait_all_tasks_blocked()
+            got: list[Any] = []
+            while True:
+                try:
+                    got.append(rx.receive_nowait())
+                except trio.WouldBlock:
+                    break
+        kept = [g for g in got if not isinstance(g, agentloop.Lagged)]
+        missed = sum(g.missed for g in got if isinstance(g, agentloop.Lagged))
+        assert len(kept) == 2
+        assert len(kept) + missed == 9, got
