@@ -22,6 +22,7 @@ from agentloop_subagent import Profile, subagents
 import agentloop
 from agentloop import AgentOptions, Context
 from agentloop._json import thaw
+from agentloop.events import AgentRequest as AgentRequestEvent
 from agentloop.llm import LLMRequest, OpenAIChatAdapter
 from agentloop.testing import (
     Finish,
@@ -427,3 +428,84 @@ async def test_a_reader_that_drains_is_told_of_every_event_it_missed(rt: Context
         missed = sum(g.missed for g in got if isinstance(g, agentloop.Lagged))
         assert len(kept) == 2
         assert len(kept) + missed == 9, got
+
+
+# --- Medium: compact summarises on the agent's effective route ------------------------------
+
+COMPACT = {"plugins": ["compact"],
+           "compact": {"max_context_tokens": 200, "keep_recent_turns": 1}}
+
+
+def _long_answers(summaries: list[LLMRequest], *, finish_summary: bool = True) -> FunctionModel:
+    from agentloop_compact import SUMMARY_SYSTEM
+
+    async def fn(request: LLMRequest) -> AsyncIterator[Part]:
+        if request.system == SUMMARY_SYSTEM:
+            summaries.append(request)
+            yield TextDelta("the short version")
+            if finish_summary:
+                yield Finish("stop")
+            return
+        yield TextDelta("a long answer that fills the context " * 6)
+        yield Finish("stop", {"input_tokens": 150, "output_tokens": 60})
+
+    return FunctionModel(fn)
+
+
+def _replaced(agent: agentloop.Agent) -> list[Any]:
+    return [e.data for e in agent.session.events if e.type == "history/replaced"]
+
+
+async def test_compact_follows_an_agent_routed_by_an_agent_request_hook() -> None:
+    summaries: list[LLMRequest] = []
+    async with agentloop.open_runtime(COMPACT) as rt:
+        rt.llm.register("routed", _long_answers(summaries))
+
+        def route(event: AgentRequestEvent) -> Any:
+            return attrs.evolve(event.config, provider="routed", model="m-routed")
+
+        rt.events.on(AgentRequestEvent, route)
+        async with await rt.agents.create(session_id="r") as handle:  # no options at all
+            for i in range(3):
+                await handle.agent.ask(f"question {i}")
+            assert _replaced(handle.agent)
+            assert summaries and summaries[0].config.provider == "routed"
+            assert summaries[0].config.model == "m-routed"
+
+
+async def test_compact_follows_an_agent_resumed_without_options(tmp_path: Path) -> None:
+    summaries: list[LLMRequest] = []
+    stored = {"persistence": {"backend": "sqlite", "path": str(tmp_path / "s.db")}}
+    async with agentloop.open_runtime(stored) as rt:
+        rt.llm.register("s", _long_answers(summaries))
+        async with await rt.agents.create(
+            session_id="x", agent_options=AgentOptions(provider="s", model="m")
+        ) as handle:
+            for i in range(2):
+                await handle.agent.ask(f"question {i}")
+    async with agentloop.open_runtime({**stored, **COMPACT}) as rt:
+        rt.llm.register("s", _long_answers(summaries))
+        async with await rt.agents.resume(resume_session_id="x") as handle:
+            assert handle.agent.options.provider is None
+            await handle.agent.ask("and now?")
+            assert _replaced(handle.agent)
+            assert [r.config.provider for r in summaries] == ["s"]
+
+
+# --- Low: compact refuses a summary stream that ended without a finish ----------------------
+
+
+async def test_compact_refuses_a_summary_stream_without_a_finish(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    summaries: list[LLMRequest] = []
+    async with agentloop.open_runtime(COMPACT) as rt:
+        rt.llm.register("s", _long_answers(summaries, finish_summary=False))
+        async with await rt.agents.create(
+            session_id="c", agent_options=AgentOptions(provider="s", model="m")
+        ) as handle:
+            for i in range(3):
+                await handle.agent.ask(f"question {i}")
+            assert summaries
+            assert _replaced(handle.agent) == []
+    assert "the summary stream ended without a finish" in caplog.text
