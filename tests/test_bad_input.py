@@ -509,3 +509,24 @@ async def test_compact_refuses_a_summary_stream_without_a_finish(
             assert summaries
             assert _replaced(handle.agent) == []
     assert "the summary stream ended without a finish" in caplog.text
+
+
+# --- Low: a lone string is not a list of one-letter routes ----------------------------------
+
+
+@pytest.mark.parametrize(("kw", "said"), [
+    ({"routes": "openai"}, "routes: must be an array of routes, got the string 'openai'"),
+    ({"chains": {"openai": "anthropic"}}, "chains.openai: must be an array of routes"),
+])
+def test_fallback_refuses_a_string_where_routes_go(kw: dict[str, Any], said: str) -> None:
+    from agentloop_fallback import fallback
+
+    with pytest.raises(agentloop.ConfigError, match=re.escape(said)):
+        fallback(**kw)
+
+
+async def test_fallback_from_the_config_refuses_a_string_too() -> None:
+    config = {"plugins": ["fallback"], "fallback": {"routes": "openai"}}
+    with pytest.raises(agentloop.ConfigError, match="fallback.routes"):
+        async with agentloop.open_runtime(config):
+            pass
