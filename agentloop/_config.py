@@ -14,6 +14,7 @@ import collections.abc
 import difflib
 import os
 import re
+import stat
 import tomllib
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -555,6 +556,13 @@ def _report(exc: BaseException, path: str, source: Mapping[str, Any]) -> str:
 
 def _read_toml(path: Path) -> Any:
     try:
+        # Opening a FIFO blocks until a writer comes, and /dev/zero never ends: only a
+        # regular file is read.
+        mode = path.stat().st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) \
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file"
+            raise ConfigError(f"config file {path} is not a regular file (it is {kind})")
         with path.open("rb") as f:
             return tomllib.load(f)
     except FileNotFoundError:
@@ -563,6 +571,9 @@ def _read_toml(path: Path) -> Any:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"invalid TOML in {path}: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"invalid TOML in {path}: arrays or tables nested too deeply") \
+            from None
 
 
 def load_config(source: Config | str | os.PathLike[str] | Mapping[str, Any] | None) -> Config:
@@ -584,6 +595,8 @@ def load_config(source: Config | str | os.PathLike[str] | Mapping[str, Any] | No
         return converter.structure(source, Config)
     except (CattrsError, ValueError) as exc:
         raise ConfigError(f"invalid config{where}: {_report(exc, '', source)}") from None
+    except RecursionError:
+        raise ConfigError(f"invalid config{where}: values nested too deeply") from None
 
 
 def to_mapping(config: Config) -> dict[str, Any]:

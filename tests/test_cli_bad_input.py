@@ -76,3 +76,52 @@ def test_run_says_a_prompt_is_not_utf8_and_where(
         "agentloop: error: the prompt is not valid UTF-8 (byte 0xfe at byte 3)"
     ]
     assert fake.requests == []
+
+
+# --- Low: a FIFO or a device where a file goes; TOML nested too deeply ------------------------
+
+
+@pytest.fixture
+def fifo(tmp_path: Path) -> Path:
+    path = tmp_path / "pipe"
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("option", ["--config", "--db"])
+@pytest.mark.parametrize("special", ["fifo", "/dev/zero"])
+def test_a_fifo_or_device_for_config_or_db_is_refused_at_once(
+    config: Path, fake: FakeOpenAI, env: dict[str, str], fifo: Path, option: str, special: str,
+) -> None:
+    target = str(fifo) if special == "fifo" else special
+    if not os.path.exists(target):
+        pytest.skip(f"{target} does not exist here")
+    args = ["run", option, target, "hi"] if option == "--config" else \
+        ["run", "--config", str(config), "--db", target, "hi"]
+    # A hang is the defect: the timeout is the guard that turns it into a failure.
+    done = cli(*args, env=env, timeout=30)
+    assert done.returncode == 2, done.stderr
+    [line] = errors(done.stderr)
+    kind = "a FIFO" if special == "fifo" else "a character device" if option == "--db" \
+        else "a device"
+    assert f"{target} is not a regular file (it is {kind})" in line
+    assert fake.requests == []
+
+
+@pytest.mark.slow
+def test_sessions_list_refuses_a_fifo_db(env: dict[str, str], fifo: Path) -> None:
+    done = cli("sessions", "list", "--db", str(fifo), env=env, timeout=30)
+    assert done.returncode == 2, done.stderr
+    [line] = errors(done.stderr)
+    assert "is not a regular file (it is a FIFO)" in line
+
+
+@pytest.mark.slow
+def test_deeply_nested_toml_is_one_config_error(tmp_path: Path, env: dict[str, str]) -> None:
+    path = tmp_path / "deep.toml"
+    path.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
+    done = cli("run", "--config", str(path), "hi", env=env, timeout=30)
+    assert done.returncode == 2, done.stderr
+    [line] = errors(done.stderr)
+    assert f"invalid TOML in {path}: arrays or tables nested too deeply" in line
