@@ -247,12 +247,24 @@ class Config:
 
     def __attrs_post_init__(self) -> None:
         first: dict[str, int] = {}
+        # Two agents driving one session would meet as a SessionIdInUse at startup.
+        sessions: dict[str, tuple[int, str]] = {}
         problems: list[tuple[str, str | None]] = []
         for i, agent in enumerate(self.agents):
             if agent.id in first:
                 why = f"duplicates agents[{first[agent.id]}].id, got {agent.id!r}"
                 problems.append((f"agents[{i}].id", why))
             first.setdefault(agent.id, i)
+            for key in ("session_id", "resume_session_id"):
+                sid = getattr(agent, key)
+                if sid is None:
+                    continue
+                if sid in sessions:
+                    j, other = sessions[sid]
+                    why = (f"session {sid!r} is already agents[{j}].{other}; two agents "
+                           "cannot drive one session")
+                    problems.append((f"agents[{i}].{key}", why))
+                sessions.setdefault(sid, (i, key))
             provider = self.providers.get(agent.provider) if agent.provider else None
             if isinstance(provider, ProviderConfig):
                 problem = provider.effort_problem(agent.reasoning_effort)

@@ -23,7 +23,12 @@ import agentloop
 from agentloop import AgentOptions, Context
 from agentloop._json import thaw
 from agentloop.events import AgentRequest as AgentRequestEvent
-from agentloop.llm import LLMRequest, OpenAIChatAdapter
+from agentloop.llm import (
+    AnthropicAdapter,
+    LLMRequest,
+    OpenAIChatAdapter,
+    OpenAIResponsesAdapter,
+)
 from agentloop.testing import (
     Finish,
     FunctionModel,
@@ -527,6 +532,48 @@ def test_fallback_refuses_a_string_where_routes_go(kw: dict[str, Any], said: str
 
 async def test_fallback_from_the_config_refuses_a_string_too() -> None:
     config = {"plugins": ["fallback"], "fallback": {"routes": "openai"}}
-    with pytest.raises(agentloop.ConfigError, match="fallback.routes"):
+    with pytest.raises(agentloop.ConfigError, match=r"fallback\.routes"):
+        async with agentloop.open_runtime(config):
+            pass
+
+
+# --- Low: a broken base_url, two config agents on one session -------------------------------
+
+
+@pytest.mark.parametrize("adapter", [OpenAIChatAdapter, AnthropicAdapter, OpenAIResponsesAdapter])
+@pytest.mark.parametrize(("url", "said"), [
+    ("http://[::1", "is not a valid URL"),
+    ("api.openai.com/v1", "must be an http:// or https:// URL with a host"),
+    ("", "must be an http:// or https:// URL with a host"),
+    ("ftp://host/v1", "must be an http:// or https:// URL with a host"),
+])
+def test_a_broken_base_url_is_a_config_error_naming_it(adapter: Any, url: str, said: str) -> None:
+    with pytest.raises(agentloop.ConfigError, match=re.escape(f"base_url {url!r} {said}")):
+        adapter(url, api_key="k")
+
+
+def test_a_broken_base_url_hides_its_userinfo() -> None:
+    with pytest.raises(agentloop.ConfigError) as info:
+        OpenAIChatAdapter("http://user:hunter2@[::1/v1")
+    assert "hunter2" not in str(info.value)
+
+
+async def test_a_broken_base_url_in_the_config_fails_the_runtime_with_its_path() -> None:
+    config = {"providers": {"p": {"kind": "openai", "base_url": "http://[::1", "model": "m"}}}
+    with pytest.raises(agentloop.ConfigError, match=r"providers\.p: .*base_url 'http://\[::1'"):
+        async with agentloop.open_runtime(config):
+            pass
+
+
+@pytest.mark.parametrize(("first", "second"), [
+    ("session_id", "session_id"), ("session_id", "resume_session_id"),
+    ("resume_session_id", "resume_session_id"),
+])
+async def test_two_config_agents_on_one_session_are_a_config_error(
+    first: str, second: str,
+) -> None:
+    config = {"agents": [{"id": "a", first: "same"}, {"id": "b", second: "same"}]}
+    said = f"agents[1].{second}: session 'same' is already agents[0].{first}"
+    with pytest.raises(agentloop.ConfigError, match=re.escape(said)):
         async with agentloop.open_runtime(config):
             pass
