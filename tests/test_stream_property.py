@@ -315,3 +315,28 @@ def test_a_chat_call_index_reused_by_another_id_is_a_stream_error() -> None:
     outcome = fold("chat", body)
     assert isinstance(outcome, ProviderError) and outcome.code == "invalid_stream"
     assert "'call_a' to 'call_b'" in outcome.message
+
+
+def test_responses_events_all_numbered_alike_are_not_taken_for_repeats() -> None:
+    plan = _one_call()
+    events = [Ev("start", 0), Ev("frag", 0, 0), Ev("frag", 0, 1), Ev("frag", 0, 2),
+              Ev("stop", 0)]
+    named = responses_events(plan, events)
+    for _, data in named:
+        data["sequence_number"] = 0  # a careless server
+    outcome = fold("responses", loopback.named_sse(*named))
+    assert isinstance(outcome, Message)
+    assert [dict(t.arguments) for t in outcome.tool_calls] == [{"a": 1, "b": 2}]
+
+
+def test_a_chat_server_stamping_a_fresh_id_on_each_fragment_makes_one_call() -> None:
+    chunks = [{"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]} for call in (
+        {"index": 0, "id": "call_a", "function": {"name": "add", "arguments": '{"a": '}},
+        {"index": 0, "id": "call_x1", "function": {"arguments": "1}"}},
+    )]
+    body = loopback.sse(*chunks, {"choices": [{"index": 0, "delta": {},
+                                                "finish_reason": "tool_calls"}]}, done=True)
+    outcome = fold("chat", body)
+    assert isinstance(outcome, Message)
+    assert [(t.id, t.name, dict(t.arguments)) for t in outcome.tool_calls] == [
+        ("call_a", "add", {"a": 1})]

@@ -441,9 +441,10 @@ class _ChatDecoder:
         parts.append(ToolCallDelta(index, call_id, name, arguments))
 
     def _same_call(self, index: int, call_id: str | None, name: object) -> None:
-        """A second id or name at one index is another call in its place: merging the two
-        would run one call with the other's arguments."""
-        if call_id is not None:
+        """A second name, or a second id that comes with a name (a call's opening), at one
+        index is another call in its place: merging the two would run one call with the
+        other's arguments. A fresh id on a bare fragment is a server's habit, not a call."""
+        if call_id is not None and isinstance(name, str) and name:
             first = next((i for i, n in self._ids.items() if n == index), call_id)
             if first != call_id:
                 raise ProviderError(

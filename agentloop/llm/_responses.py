@@ -230,8 +230,10 @@ class _ResponsesDecoder:
         # output_index -> [tool-call index, whether argument deltas came]
         self._calls: dict[int, list[int]] = {}
         self._late: set[int] = set()  # reasoning blocks that came after a call
-        # Every event carries a sequence number: a repeated one is a duplicate.
-        self._seen: set[int] = set()
+        # Every event carries a sequence number: the same event again under it is a
+        # duplicate. (Only the same event: a server that numbers carelessly, every event 0,
+        # must not lose the rest of its stream.)
+        self._seen: dict[int, int] = {}
         # output_index -> the call's id and the arguments streamed so far
         self._call_ids: dict[int, str | None] = {}
         self._streamed: dict[int, list[str]] = {}
@@ -248,9 +250,10 @@ class _ResponsesDecoder:
             kind = event.event
         number = data.get("sequence_number")
         if isinstance(number, int) and not isinstance(number, bool):
-            if number in self._seen:
+            fingerprint = hash(event.data)
+            if self._seen.get(number) == fingerprint:
                 return []  # a duplicated event: it was taken once already
-            self._seen.add(number)
+            self._seen[number] = fingerprint
         if kind == "response.output_text.delta":
             delta = data.get("delta")
             return [TextDelta(delta)] if isinstance(delta, str) and delta else []
