@@ -23,7 +23,7 @@ Layering (``tests/test_layering.py`` enforces it; a module imports its own layer
     parts       _inbox _reply _run _scheduler _request _lifecycle _approvals
                                          input; one reply; run handles; tools; one step's
                                          request; publication to quiescence; approvals
-    services    _services _session _llm _tools _settings _persistence _config _output
+    services    _services _session _llm _tools _settings _persistence _config _output _inputs
                                          the services record handed down; log, models, tools
     bus         _bus _schema
     values      _log _events _model _json _errors _http _util

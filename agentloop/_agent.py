@@ -36,6 +36,7 @@ from ._events import (
     Stop,
 )
 from ._inbox import TARGETS, Inbox, InboxState, Target
+from ._inputs import check_prompt
 from ._json import FrozenDict, freeze, freeze_repaired, repair_text, text_problem
 from ._lifecycle import Lifecycle
 from ._model import (
@@ -94,10 +95,12 @@ def _freeze_content(content: object) -> Content:
         problem = text_problem(content)
         if problem is not None:
             raise InvalidContent(f"content: {problem}")
+        check_prompt(content)
         return content
     if isinstance(content, (list, tuple)):
         frozen = freeze(content, path="content")
         assert isinstance(frozen, tuple)
+        check_prompt(frozen)
         return frozen
     raise InvalidContent(
         f"content: must be a string or a list of JSON parts, got {type(content).__name__}"

@@ -39,6 +39,7 @@ from ._events import (
     SessionCreated,
     SessionDisposed,
 )
+from ._inputs import check_meta, check_seed
 from ._json import FrozenDict, freeze
 from ._lifecycle import Lifecycle
 from ._model import AgentOptions, CallConfig, SessionEvent
@@ -109,6 +110,7 @@ def _freeze_meta(meta: Mapping[str, Any] | None) -> FrozenDict:
         raise InvalidContent(f"meta: must be a mapping, got {type(meta).__name__}")
     frozen = freeze(meta, path="meta")
     assert isinstance(frozen, FrozenDict)
+    check_meta(frozen)
     return frozen
 
 
@@ -133,6 +135,7 @@ def _seed_events(seed: Sequence[Any] | None) -> list[SessionEvent]:
         if not isinstance(frozen, FrozenDict):
             raise InvalidContent(f"seed[{i}].data: must be an object, got {payload!r}")
         out.append(SessionEvent(i + 1, type_, turn, frozen))
+    check_seed(out)
     return out
 
 
@@ -243,6 +246,7 @@ class Supervisor:
                             self._apply_detach(request.agent)
                     except Exception:
                         log.exception("supervisor: a %s request failed", type(request).__name__)
+                    del request  # a detached agent must not live on until the next request
 
     def close(self) -> None:
         """No more requests (runtime exit, once every agent is quiescent)."""

@@ -84,8 +84,8 @@ class _Feed:
     """
 
     __slots__ = (
-        "_capacity", "_consumed", "_flush_armed", "_marker_at", "_missed", "_on_broken",
-        "_pushed", "_send_nowait", "_tx", "agent_id",
+        "_capacity", "_consumed", "_flush_armed", "_marker", "_marker_at", "_missed",
+        "_on_broken", "_pushed", "_send_nowait", "_tx", "agent_id",
     )
 
     def __init__(
@@ -103,6 +103,7 @@ class _Feed:
         self._consumed = 0
         self._missed = 0
         self._marker_at = -1
+        self._marker: Lagged | None = None
         self._flush_armed = False
         self._on_broken = on_broken
 
@@ -118,11 +119,15 @@ class _Feed:
 
     def put_control(self, event: Event) -> None:
         if self._pushed - self._consumed >= self._capacity and self._buffered() >= self._capacity:
+            if self._pushed == self._marker_at and self._marker is not None:
+                # The marker is the last thing queued and, the queue being full, still
+                # unread: nobody has seen it, so it grows to count this event too. A second
+                # marker behind it would grow a stalled reader's queue by one per burst;
+                # counting without one would never tell a reader that drains and waits.
+                object.__setattr__(self._marker, "missed", self._marker.missed + 1)
+                return
             self._missed += 1
-            # When a marker is already the last thing queued (unread, the queue being full),
-            # the next one goes in right before the next event delivered: flushing one behind
-            # it would grow a stalled reader's queue by a marker per burst of events.
-            if not self._flush_armed and self._pushed != self._marker_at:
+            if not self._flush_armed:
                 self._arm_flush()
             return
         if self._missed:
@@ -146,8 +151,10 @@ class _Feed:
 
     def _mark(self) -> None:
         missed, self._missed = self._missed, 0
-        self._send(Lagged(missed))
+        marker = Lagged(missed)
+        self._send(marker)
         self._marker_at = self._pushed
+        self._marker = marker
 
     def _arm_flush(self) -> None:
         # A reader that drains what was buffered must learn of the gap without waiting for

@@ -669,10 +669,42 @@ async def _show_turn(
     return TurnOutcome(EXIT_FAILED, usage)
 
 
+def _tolerant_stdin() -> None:
+    """Read stdin's undecodable bytes as escapes, so that a bad line is reported (and in a
+    chat skipped) by :func:`utf8_problem` instead of ending the program with a traceback."""
+    reconfigure = getattr(sys.stdin, "reconfigure", None)
+    if reconfigure is not None:
+        with contextlib.suppress(ValueError, OSError):
+            reconfigure(errors="surrogateescape")
+
+
+def utf8_problem(text: str) -> str | None:
+    """Where ``text`` (argv or stdin, undecodable bytes escaped) is not valid UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        pass
+    else:
+        return None
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as exc:
+        return f"a lone surrogate at character {exc.start}"
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"byte 0x{raw[exc.start]:02x} at byte {exc.start}"
+    return None
+
+
 async def _run(args: argparse.Namespace, plan: Plan, out: TextIO, err: TextIO) -> int:
     prompt = args.prompt
     if prompt == "-":
+        _tolerant_stdin()
         prompt = await trio.to_thread.run_sync(sys.stdin.read)
+    problem = utf8_problem(prompt)
+    if problem is not None:
+        raise CliError(f"the prompt is not valid UTF-8 ({problem})", EXIT_USAGE)
     if not prompt.strip():
         raise CliError("the prompt is empty", EXIT_USAGE)
     session_id: str | None = None
@@ -722,8 +754,12 @@ class _LineSource:
 
     tty: bool
     history: str | None = None
+    err: TextIO | None = None
+    """Where a line that is not UTF-8 is reported (and skipped)."""
+    lines: int = 0
 
     def setup(self) -> None:
+        _tolerant_stdin()
         if not self.tty:
             return
         import readline
@@ -757,6 +793,13 @@ class _LineSource:
                 line = await trio.to_thread.run_sync(self.read, abandon_on_cancel=True)
                 if line is None:
                     return
+                self.lines += 1
+                problem = utf8_problem(line)
+                if problem is not None:
+                    if self.err is not None:
+                        _fail(self.err, f"input line {self.lines} is not valid UTF-8 "
+                                        f"({problem}); it was skipped")
+                    continue
                 await tx.send(line)
 
 
@@ -1005,7 +1048,7 @@ async def _chat(args: argparse.Namespace, plan: Plan, out: TextIO, err: TextIO) 
     if _screen_fits(args, out, err):
         return await _chat_on_screen(plan, out, err)
     tty = _isatty(sys.stdin)
-    source = _LineSource(tty)
+    source = _LineSource(tty, err=err)
     source.setup()
     session_id: str | None = None
     code = EXIT_INTERRUPTED

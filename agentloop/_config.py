@@ -14,6 +14,7 @@ import collections.abc
 import difflib
 import os
 import re
+import stat
 import tomllib
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -246,12 +247,24 @@ class Config:
 
     def __attrs_post_init__(self) -> None:
         first: dict[str, int] = {}
+        # Two agents driving one session would meet as a SessionIdInUse at startup.
+        sessions: dict[str, tuple[int, str]] = {}
         problems: list[tuple[str, str | None]] = []
         for i, agent in enumerate(self.agents):
             if agent.id in first:
                 why = f"duplicates agents[{first[agent.id]}].id, got {agent.id!r}"
                 problems.append((f"agents[{i}].id", why))
             first.setdefault(agent.id, i)
+            for key in ("session_id", "resume_session_id"):
+                sid = getattr(agent, key)
+                if sid is None:
+                    continue
+                if sid in sessions:
+                    j, other = sessions[sid]
+                    why = (f"session {sid!r} is already agents[{j}].{other}; two agents "
+                           "cannot drive one session")
+                    problems.append((f"agents[{i}].{key}", why))
+                sessions.setdefault(sid, (i, key))
             provider = self.providers.get(agent.provider) if agent.provider else None
             if isinstance(provider, ProviderConfig):
                 problem = provider.effort_problem(agent.reasoning_effort)
@@ -555,6 +568,13 @@ def _report(exc: BaseException, path: str, source: Mapping[str, Any]) -> str:
 
 def _read_toml(path: Path) -> Any:
     try:
+        # Opening a FIFO blocks until a writer comes, and /dev/zero never ends: only a
+        # regular file is read.
+        mode = path.stat().st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) \
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file"
+            raise ConfigError(f"config file {path} is not a regular file (it is {kind})")
         with path.open("rb") as f:
             return tomllib.load(f)
     except FileNotFoundError:
@@ -563,6 +583,9 @@ def _read_toml(path: Path) -> Any:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"invalid TOML in {path}: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"invalid TOML in {path}: arrays or tables nested too deeply") \
+            from None
 
 
 def load_config(source: Config | str | os.PathLike[str] | Mapping[str, Any] | None) -> Config:
@@ -584,6 +607,8 @@ def load_config(source: Config | str | os.PathLike[str] | Mapping[str, Any] | No
         return converter.structure(source, Config)
     except (CattrsError, ValueError) as exc:
         raise ConfigError(f"invalid config{where}: {_report(exc, '', source)}") from None
+    except RecursionError:
+        raise ConfigError(f"invalid config{where}: values nested too deeply") from None
 
 
 def to_mapping(config: Config) -> dict[str, Any]:

@@ -10,15 +10,21 @@ Where the adapter declares ``supports_json_schema`` the schema travels on
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
-from typing import Any, Final
+from collections.abc import Callable, Mapping
+from typing import Any, Final, NoReturn
 
 import attrs
 
+from ._errors import InvalidContent, ToolDefinitionError
 from ._json import FrozenDict, freeze, thaw
 from ._model import ToolCall, ToolSpec
-from ._schema import coerce_value, parse_arguments, schema_for_type, validate_arguments
+from ._schema import (
+    coerce_value,
+    compile_validator,
+    parse_arguments,
+    schema_for_type,
+    validate_arguments,
+)
 
 __all__ = ["FINAL_RESULT", "OutputSpec", "Verdict", "output_spec", "rebuild_output"]
 
@@ -31,6 +37,10 @@ class OutputSpec:
 
     schema: FrozenDict
     name: str
+    build: Callable[[Any], object] | None = attrs.field(default=None, eq=False, repr=False)
+    """The caller's type built from a schema-valid value, so that what its own validators
+    refuse (an attrs validator, ``__post_init__``) is a correction too; ``None`` for a
+    schema mapping, or a spec rebuilt from the log."""
 
     def tool(self) -> ToolSpec:
         return ToolSpec(
@@ -58,18 +68,71 @@ def output_spec(output_type: object) -> OutputSpec:
     """The spec of a run's ``output_type``: a JSON-schema mapping, or a type with a schema.
 
     Raises:
-        ToolDefinitionError: the type has no JSON schema.
+        ToolDefinitionError: the type has no JSON schema, or the mapping is not a valid
+            schema of a JSON object (checked here, before any model call).
     """
     if isinstance(output_type, Mapping):
-        schema = freeze(dict(output_type))
+        try:
+            schema = freeze(dict(output_type), path="output_type")
+        except InvalidContent as exc:
+            raise ToolDefinitionError(f"output_type: the schema is not JSON: {exc}") from None
         assert isinstance(schema, FrozenDict)
+        _check_object_schema(schema)
         title = schema.get("title")
         return OutputSpec(schema, title if isinstance(title, str) and title else "output")
     schema = schema_for_type(output_type)
     if schema.get("type") != "object":
         # Both providers' formats and tool parameters must be objects.
         raise TypeError(f"output_type must describe a JSON object, got {output_type!r}")
-    return OutputSpec(schema, getattr(output_type, "__name__", "output"))
+
+    def build(value: object) -> object:
+        return coerce_value(output_type, thaw(value))
+
+    return OutputSpec(schema, getattr(output_type, "__name__", "output"), build)
+
+
+def _check_object_schema(schema: FrozenDict) -> None:
+    def bad(problem: str) -> NoReturn:
+        raise ToolDefinitionError(f"output_type: {problem}")
+
+    if schema.get("type") != "object":
+        bad(f"the schema must describe a JSON object (\"type\": \"object\"), got type "
+            f"{schema.get('type')!r}")
+    properties = schema.get("properties", FrozenDict())
+    if not isinstance(properties, Mapping):
+        bad(f"\"properties\" must be an object, got {properties!r}")
+    for key, sub in properties.items():
+        if not isinstance(sub, (Mapping, bool)):
+            bad(f"\"properties\".{key} must be a schema (an object), got {sub!r}")
+    required = schema.get("required", ())
+    if not isinstance(required, tuple) or not all(isinstance(r, str) for r in required):
+        bad(f"\"required\" must be a list of property names, got {required!r}")
+    extra = schema.get("additionalProperties", True)
+    if not isinstance(extra, (Mapping, bool)):
+        bad(f"\"additionalProperties\" must be a boolean or a schema, got {extra!r}")
+    try:
+        compile_validator(schema)
+    except (TypeError, ValueError, AttributeError, KeyError, RecursionError) as exc:
+        bad(f"the schema is malformed: {type(exc).__name__}: {exc}")
+
+
+def _judge(spec: OutputSpec, value: object, call: ToolCall | None = None) -> Verdict:
+    """Schema problems first; then whether the value can be stored (JSON holds no 1e400 and
+    no 5,000-deep nesting) and whether the caller's own type accepts it."""
+    problems = tuple(validate_arguments(spec.schema, value))
+    if not problems:
+        try:
+            freeze(value, path="output")
+        except InvalidContent as exc:
+            problems = (f"the output cannot be stored as JSON: {exc}",)
+        except RecursionError:
+            problems = ("the output is nested too deeply to be stored; flatten it",)
+    if not problems and spec.build is not None:
+        try:
+            spec.build(value)
+        except Exception as exc:  # noqa: BLE001 - any refusal of the type is a correction
+            problems = (f"{spec.name} refused the output: {type(exc).__name__}: {exc}",)
+    return Verdict(True, value, problems, call=call)
 
 
 def check(spec: OutputSpec, native: bool, text: str, calls: tuple[ToolCall, ...]) -> Verdict:
@@ -77,19 +140,18 @@ def check(spec: OutputSpec, native: bool, text: str, calls: tuple[ToolCall, ...]
     if native:
         if calls and not text.strip():
             return Verdict(False)  # a tool step on the way to the answer
-        try:
-            value = json.loads(text)
-        except ValueError as exc:
-            return Verdict(True, problems=(f"the reply is not valid JSON: {exc}",))
-        return Verdict(True, value, tuple(validate_arguments(spec.schema, value)))
+        parsed, problem = parse_arguments(text) if text.strip() else (
+            None, "the reply is empty, not a JSON object")
+        if problem is not None:
+            problem = problem.replace("arguments are", "the reply is", 1)
+            return Verdict(True, problems=(problem.replace("arguments must", "the reply must", 1),))
+        return _judge(spec, parsed)
     for call in calls:
         if call.name == FINAL_RESULT:
             parsed, problem = parse_arguments(call.arguments)
             if problem is not None:
                 return Verdict(True, problems=(problem,), call=call)
-            return Verdict(
-                True, parsed, tuple(validate_arguments(spec.schema, parsed)), call=call
-            )
+            return _judge(spec, parsed, call)
     return Verdict(False)
 
 

@@ -443,6 +443,8 @@ class Job(metaclass=NoPublicConstructor):
             with trio.move_on_after(CLOSE_GRACE, shield=True):
                 await self._handle.aclose()
             self._finish("cancelled", error=JobCancelled(f"job {self.id!r} was cancelled"))
+            # A finished job keeps its result, not its disposed child's session.
+            self._handle = None
 
     def _abandon(self) -> None:
         """The owner closes: the job dies with it and leaves the registry."""

@@ -622,7 +622,7 @@ def test_a_command_line_argument_that_is_not_text_is_a_usage_error(tmp_path: Pat
         capture_output=True, env=env, timeout=60, check=False,
     )
     assert done.returncode == 2, done.stderr
-    # One line of error (after the line that says which provider serves the run).
+    # One line of error, saying what is wrong with the argument and where.
     assert done.stderr.decode().strip().splitlines()[-1] == (
-        "agentloop: error: the prompt cannot be sent: content: lone surrogate at 4"
+        "agentloop: error: the prompt is not valid UTF-8 (byte 0xff at byte 4)"
     )

@@ -42,7 +42,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     }),
     ("services", {
         "_services", "_session", "_llm", "_tools", "_settings", "_persistence", "_config",
-        "_output",
+        "_output", "_inputs",
     }),
     ("bus", {"_bus", "_schema"}),
     ("values", {"_log", "_events", "_model", "_json", "_errors", "_http", "_util"}),

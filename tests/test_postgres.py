@@ -859,6 +859,10 @@ async def test_routed_input_is_claimed_once_per_epoch(dsn: str) -> None:
                 await y.send("s1", "hi", target="later")
             with pytest.raises(InvalidContent, match="content"):
                 await y.send("s1", {"not": "content"})
+            # An empty prompt would be committed, then refused by the driver at every turn.
+            for empty in ("", "  \n", [], [{"type": "text", "text": " "}]):
+                with pytest.raises(InvalidContent, match="empty"):
+                    await y.send("s1", empty)
 
 
 def _prompts(agent: agentloop.Agent) -> list[tuple[str, Any]]:

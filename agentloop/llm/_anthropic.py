@@ -381,6 +381,10 @@ class _MessagesDecoder:
         self._usage: dict[str, int] = {}
         # content block index -> running tool-call index
         self._tool_blocks: dict[int, int] = {}
+        # content block index -> (id, name) of its tool call, to tell a repeated start
+        self._tool_ids: dict[int, tuple[str | None, str | None]] = {}
+        # content block index -> argument fragments that came before the block's start
+        self._early: dict[int, list[str]] = {}
         # content block index -> running reasoning block number
         self._thinking_blocks: dict[int, int] = {}
 
@@ -418,13 +422,31 @@ class _MessagesDecoder:
             return []
         kind = block.get("type")
         if kind == "tool_use" and isinstance(index, int):
+            identity = (_str(block.get("id")), _str(block.get("name")))
+            known = self._tool_ids.get(index)
+            if known is not None:
+                if known == identity:
+                    return []  # the same start again: one call, not a second one
+                raise ProviderError(
+                    f"content block {index} started twice with different tool calls "
+                    f"({known[1]!r} id {known[0]!r}, then {identity[1]!r} id {identity[0]!r})",
+                    code="invalid_stream",
+                )
+            twin = next((i for i, seen in self._tool_ids.items()
+                         if identity[0] is not None and seen[0] == identity[0]), None)
+            if twin is not None:
+                raise ProviderError(
+                    f"tool call id {identity[0]!r} started in content blocks {twin} and "
+                    f"{index}", code="invalid_stream",
+                )
             tool_index = len(self._tool_blocks)
             self._tool_blocks[index] = tool_index
+            self._tool_ids[index] = identity
             initial = block.get("input")
             arguments = dumps(initial) if isinstance(initial, Mapping) and initial else ""
-            return [
-                ToolCallDelta(tool_index, _str(block.get("id")), _str(block.get("name")), arguments)
-            ]
+            # Fragments that overtook their start belong to this call, in the order they came.
+            arguments += "".join(self._early.pop(index, ()))
+            return [ToolCallDelta(tool_index, identity[0], identity[1], arguments)]
         if kind == "text":
             text = block.get("text")
             return [TextDelta(text)] if isinstance(text, str) and text else []
@@ -471,8 +493,16 @@ class _MessagesDecoder:
             return [TextDelta(text)] if isinstance(text, str) and text else []
         if kind == "input_json_delta":
             fragment = delta.get("partial_json")
-            tool_index = self._tool_blocks.get(index) if isinstance(index, int) else None
-            if tool_index is None or not isinstance(fragment, str) or not fragment:
+            if not isinstance(fragment, str) or not fragment:
+                return []
+            if not isinstance(index, int) or isinstance(index, bool):
+                raise ProviderError(
+                    f"an input_json_delta names no content block (index {index!r})",
+                    code="invalid_stream",
+                )
+            tool_index = self._tool_blocks.get(index)
+            if tool_index is None:
+                self._early.setdefault(index, []).append(fragment)
                 return []
             return [ToolCallDelta(tool_index, arguments=fragment)]
         if kind == "thinking_delta":
@@ -499,6 +529,12 @@ class _MessagesDecoder:
     def finish(self) -> Finish:
         if not self.done:
             raise ProviderError("the stream ended before message_stop", code="incomplete_stream")
+        if self._early:
+            blocks = ", ".join(str(i) for i in sorted(self._early))
+            raise ProviderError(
+                f"tool arguments came for content block {blocks}, which never started "
+                "(no content_block_start)", code="invalid_stream",
+            )
         return Finish(self._reason or "stop", _usage(self._usage))
 
 

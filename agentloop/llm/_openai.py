@@ -303,6 +303,7 @@ class _ChatDecoder:
         self._tools: dict[int, tuple[bool, bool]] = {}
         self._reasoning_field: str | None = None
         self._ids: dict[str, int] = {}  # call id -> index
+        self._names: dict[int, str] = {}  # index -> the name its call started with
         self._last_index: int | None = None
         # OpenRouter detail index -> the detail merged so far (its streamed text key empty)
         self._details: dict[int, dict[str, Any]] = {}
@@ -427,6 +428,7 @@ class _ChatDecoder:
         if not isinstance(function, Mapping):
             function = {}
         id_sent, name_sent = self._tools.get(index, (False, False))
+        self._same_call(index, raw_id, function.get("name"))
         call_id = call.get("id")
         call_id = call_id if isinstance(call_id, str) and call_id and not id_sent else None
         name = function.get("name")
@@ -437,6 +439,31 @@ class _ChatDecoder:
         if call_id is None and name is None and not arguments:
             return
         parts.append(ToolCallDelta(index, call_id, name, arguments))
+
+    def _same_call(self, index: int, call_id: str | None, name: object) -> None:
+        """A second name, or a second id that comes with a name (a call's opening), at one
+        index is another call in its place: merging the two would run one call with the
+        other's arguments. A fresh id on a bare fragment is a server's habit, not a call."""
+        if call_id is not None and isinstance(name, str) and name:
+            first = next((i for i, n in self._ids.items() if n == index), call_id)
+            if first != call_id:
+                raise ProviderError(
+                    f"tool call {index} changed its id from {first!r} to {call_id!r}",
+                    code="invalid_stream",
+                )
+            taken = self._ids.get(call_id, index)
+            if taken != index:
+                raise ProviderError(
+                    f"tool call id {call_id!r} streamed at index {taken} and {index}",
+                    code="invalid_stream",
+                )
+        if isinstance(name, str) and name:
+            known = self._names.setdefault(index, name)
+            if known != name:
+                raise ProviderError(
+                    f"tool call {index} changed its name from {known!r} to {name!r}",
+                    code="invalid_stream",
+                )
 
     def _unindexed(self, position: int, call_id: str | None) -> int:
         # Gemini's compatible endpoint leaves ``index`` out: a new id starts a new call, and a

@@ -230,6 +230,16 @@ class _ResponsesDecoder:
         # output_index -> [tool-call index, whether argument deltas came]
         self._calls: dict[int, list[int]] = {}
         self._late: set[int] = set()  # reasoning blocks that came after a call
+        # Every event carries a sequence number: the same event again under it is a
+        # duplicate. (Only the same event: a server that numbers carelessly, every event 0,
+        # must not lose the rest of its stream.)
+        self._seen: dict[int, int] = {}
+        # output_index -> the call's id and the arguments streamed so far
+        self._call_ids: dict[int, str | None] = {}
+        self._streamed: dict[int, list[str]] = {}
+        # output_index -> argument fragments that came before their item was added
+        self._early: dict[int, list[str]] = {}
+        self._finished: set[int] = set()  # output indexes whose done item came
 
     def feed(self, event: SSEEvent) -> list[StreamPart]:
         if not event.data.strip():
@@ -238,6 +248,12 @@ class _ResponsesDecoder:
         kind = data.get("type")
         if not isinstance(kind, str):
             kind = event.event
+        number = data.get("sequence_number")
+        if isinstance(number, int) and not isinstance(number, bool):
+            fingerprint = hash(event.data)
+            if self._seen.get(number) == fingerprint:
+                return []  # a duplicated event: it was taken once already
+            self._seen[number] = fingerprint
         if kind == "response.output_text.delta":
             delta = data.get("delta")
             return [TextDelta(delta)] if isinstance(delta, str) and delta else []
@@ -293,10 +309,20 @@ class _ResponsesDecoder:
 
     def _arguments(self, data: Mapping[str, Any]) -> list[StreamPart]:
         delta = data.get("delta")
-        state = self._calls.get(self._index(data))
-        if state is None or not isinstance(delta, str) or not delta:
+        if not isinstance(delta, str) or not delta:
             return []
+        index = self._index(data)
+        state = self._calls.get(index)
+        if state is None:
+            self._early.setdefault(index, []).append(delta)
+            return []
+        if index in self._finished:
+            raise ProviderError(
+                f"function call {self._call_ids.get(index)!r} got arguments after its "
+                "finished item (events out of order)", code="invalid_stream",
+            )
         state[1] = 1
+        self._streamed[index].append(delta)
         return [ToolCallDelta(state[0], arguments=delta)]
 
     def _item(self, data: Mapping[str, Any], *, done: bool) -> list[StreamPart]:
@@ -319,18 +345,45 @@ class _ResponsesDecoder:
         if kind == "function_call":
             arguments = item.get("arguments")
             arguments = arguments if isinstance(arguments, str) else ""
+            call_id = _str(item.get("call_id"))
             state = self._calls.get(index)
             if state is None:
+                twin = next((i for i, c in self._call_ids.items()
+                             if call_id is not None and c == call_id), None)
+                if twin is not None:
+                    raise ProviderError(
+                        f"function call {call_id!r} was added at output {twin} and again at "
+                        f"{index}", code="invalid_stream",
+                    )
                 state = self._calls[index] = [len(self._calls), 0]
-                state[1] = 1 if arguments else 0
-                return [
-                    ToolCallDelta(state[0], _str(item.get("call_id")), _str(item.get("name")),
-                                  arguments)
-                ]
+                self._call_ids[index] = call_id
+                if done:
+                    self._finished.add(index)
+                early = "".join(self._early.pop(index, ()))
+                if early and not done:
+                    # Deltas that overtook the added item: they lead its arguments.
+                    arguments = early
+                streamed = self._streamed[index] = [arguments] if arguments else []
+                state[1] = 1 if streamed else 0
+                return [ToolCallDelta(state[0], call_id, _str(item.get("name")), arguments)]
+            if call_id is not None and self._call_ids.get(index) not in (None, call_id):
+                raise ProviderError(
+                    f"output {index} holds function call {self._call_ids[index]!r} and then "
+                    f"{call_id!r}", code="invalid_stream",
+                )
+            if done:
+                self._finished.add(index)
             if done and not state[1] and arguments:
                 # A server that sends the arguments only with the finished item.
                 state[1] = 1
+                self._streamed[index].append(arguments)
                 return [ToolCallDelta(state[0], arguments=arguments)]
+            if done and arguments and "".join(self._streamed[index]) != arguments:
+                raise ProviderError(
+                    f"the arguments streamed for function call {call_id!r} differ from the "
+                    "finished item's (events lost, repeated or out of order)",
+                    code="invalid_stream",
+                )
         return []
 
     def _end(self, response: object, completed: bool) -> None:
@@ -350,6 +403,12 @@ class _ResponsesDecoder:
         if not self.done or self._reason is None:
             raise ProviderError(
                 "the stream ended before response.completed", code="incomplete_stream"
+            )
+        if self._early:
+            outputs = ", ".join(str(i) for i in sorted(self._early))
+            raise ProviderError(
+                f"function call arguments came for output {outputs}, which was never added "
+                "(no response.output_item.added)", code="invalid_stream",
             )
         reason = self._reason
         if reason == "stop" and self._refused:

@@ -302,6 +302,27 @@ def _retry_after(headers: httpx.Headers) -> float | None:
     return value if math.isfinite(value) and value >= 0 else None
 
 
+def _check_base_url(base_url: object, kind: str) -> str:
+    """``base_url`` without its trailing slash, or ``ConfigError`` saying what is wrong with
+    it (userinfo masked): a URL httpx cannot parse would otherwise fail every call later,
+    as a bare ``ValueError``."""
+    if not isinstance(base_url, str):
+        raise ConfigError(f"the {kind} adapter: base_url must be a string, got "
+                          f"{type(base_url).__name__}")
+    try:
+        url = httpx.URL(base_url)
+        scheme, host = url.scheme, url.host
+    except (httpx.InvalidURL, ValueError, TypeError) as exc:
+        shown = shown_url(base_url)
+        raise ConfigError(f"the {kind} adapter: base_url {shown!r} is not a valid URL: "
+                          f"{exc}") from None
+    if scheme not in ("http", "https") or not host:
+        shown = shown_url(base_url)
+        raise ConfigError(f"the {kind} adapter: base_url {shown!r} must be an http:// or "
+                          "https:// URL with a host")
+    return base_url.rstrip("/")
+
+
 class HTTPStreamAdapter(ModelAdapter):
     """Common machinery of the streaming HTTP adapters (subclasses give the wire format).
 
@@ -344,7 +365,7 @@ class HTTPStreamAdapter(ModelAdapter):
         retry: RetryPolicy | None = None,
         reasoning_efforts: AllowedEfforts = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.base_url = _check_base_url(base_url, self._kind)
         self.defaults = _with_fallback(defaults, self._default_defaults)
         # The URL can hold secrets of its own (userinfo, an ``api-key`` query parameter).
         shown = Secrets.of(None, {}, self.base_url).scrub(shown_url(self.base_url))

@@ -14,6 +14,7 @@ import functools
 import http
 import json
 import os
+import re
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
@@ -174,13 +175,101 @@ async def _serve(handler: Any, prefix: str) -> AsyncIterator[str]:
             nursery.cancel_scope.cancel()
 
 
-def _scrubber(secrets: set[bytes]) -> Any:
-    def scrub(data: bytes) -> bytes:
-        for s in secrets:
-            data = data.replace(s, SCRUBBED.encode())
-        return data
+# A header is taken for a credential when its name says so: a provider's own key header
+# (``x-goog-api-key``, ``X-Auth-Token``, ``x-subscription-key``...) is scrubbed without a
+# list of every provider's spelling.
+_CREDENTIAL_WORDS = ("auth", "key", "token", "secret", "password", "cookie", "credential",
+                     "session", "signature")
+# Query parameters that carry keys in the URL (``?key=...``, ``?api_key=...``).
+_CREDENTIAL_PARAMS = frozenset({"key", "api_key", "apikey", "api-key", "token",
+                                "access_token", "auth", "sig", "signature"})
+# Shorter values are not looked for elsewhere: "1" or "yes" would garble every body.
+_MIN_SECRET = 4
 
-    return scrub
+
+def _is_credential_header(name: str) -> bool:
+    lower = name.lower()
+    return lower in SECRET_HEADERS or any(word in lower for word in _CREDENTIAL_WORDS)
+
+
+def _secrets_of(headers: Iterable[tuple[str, str]], path: str) -> set[bytes]:
+    """The credential values a request carries, to be scrubbed wherever they appear."""
+    found: set[bytes] = set()
+    for name, value in headers:
+        if not _is_credential_header(name):
+            continue
+        value = value.strip()
+        found.add(value.encode())
+        # A scheme-prefixed token (``Bearer sk-...``) is also echoed without its scheme.
+        if " " in value:
+            found.add(value.split(" ", 1)[1].strip().encode())
+    query = httpx.URL(path).params
+    for name, value in query.multi_items():
+        if name.lower() in _CREDENTIAL_PARAMS:
+            found.add(value.encode())
+    return {s for s in found if len(s) >= _MIN_SECRET}
+
+
+class _Scrubber:
+    """Replaces every secret value in bytes or text, longest first so that a key that
+    contains another is replaced whole."""
+
+    def __init__(self, secrets: set[bytes]) -> None:
+        ordered = sorted(secrets, key=len, reverse=True)
+        self._pattern = (
+            re.compile(b"|".join(re.escape(s) for s in ordered)) if ordered else None
+        )
+
+    def __call__(self, data: bytes) -> bytes:
+        if self._pattern is None:
+            return data
+        return self._pattern.sub(SCRUBBED.encode(), data)
+
+    def text(self, value: str) -> str:
+        return self(value.encode()).decode("utf-8", "replace")
+
+    def chunks(self, chunks: Iterable[bytes]) -> tuple[bytes, ...]:
+        """The chunks scrubbed as one body, then cut where they were cut: a secret split
+        across two reads is found whole. A cut that fell inside a secret moves to the end
+        of its replacement."""
+        parts = list(chunks)
+        if self._pattern is None:
+            return tuple(parts)
+        joined = b"".join(parts)
+        cuts: list[int] = []
+        at = 0
+        for part in parts:
+            at += len(part)
+            cuts.append(at)
+        out = bytearray()
+        # (end in the original, end in the output, shift after it) per match
+        matches: list[tuple[int, int, int]] = []
+        last = 0
+        for m in self._pattern.finditer(joined):
+            out += joined[last:m.start()]
+            out += SCRUBBED.encode()
+            matches.append((m.start(), m.end(), len(out) - m.end()))
+            last = m.end()
+        out += joined[last:]
+        new_cuts: list[int] = []
+        shift, i = 0, 0
+        for cut in cuts:
+            while i < len(matches) and matches[i][1] <= cut:
+                shift = matches[i][2]
+                i += 1
+            if i < len(matches) and matches[i][0] < cut < matches[i][1]:
+                new_cuts.append(matches[i][1] + matches[i][2])
+            else:
+                new_cuts.append(cut + shift)
+        result: list[bytes] = []
+        start = 0
+        for cut in new_cuts:
+            if cut > start:
+                result.append(bytes(out[start:cut]))
+                start = cut
+        if start < len(out):
+            result.append(bytes(out[start:]))
+        return tuple(result)
 
 
 @contextlib.asynccontextmanager
@@ -193,10 +282,14 @@ async def record_stream(
 ) -> AsyncIterator[LoopbackServer]:
     """Proxy ``upstream`` (a base URL) on loopback and record every exchange to ``file``.
 
-    Yields a :class:`LoopbackServer` whose ``url`` replaces ``upstream`` in the adapter. The
-    values of credential headers (``Authorization``, ``x-api-key``, ...) and every string in
-    ``secrets`` are replaced by ``<scrubbed>`` wherever they appear (headers and bodies)
-    before anything is written; the file is written when the block exits.
+    Yields a :class:`LoopbackServer` whose ``url`` replaces ``upstream`` in the adapter.
+    Credentials are scrubbed by value: the values of credential headers (any whose name
+    says so: ``Authorization``, ``x-api-key``, ``x-goog-api-key``, ``X-Auth-Token``, ...),
+    of key parameters in the URL (``?key=``) and every string in ``secrets`` are replaced
+    by ``<scrubbed>`` wherever they appear: every request and response header, the path,
+    and both bodies, the response scrubbed as a whole so that a key split across two
+    reads is found (the recorded chunks keep their cuts, moved out of a replaced key).
+    Nothing is written before that; the file is written when the block exits.
     """
     target = httpx.URL(upstream)
     prefix = target.path.rstrip("/")
@@ -212,11 +305,7 @@ async def record_stream(
             if request is None:
                 return
             method, path, headers, body = request
-            found = {v.encode() for k, v in headers if k.lower() in SECRET_HEADERS and v}
-            # A bearer token is also scrubbed on its own, wherever it is echoed.
-            found |= {v.encode().split(b" ", 1)[-1] for k, v in headers
-                      if k.lower() == "authorization" and " " in v}
-            scrub = _scrubber(found | extra)
+            scrub = _Scrubber(_secrets_of(headers, path) | extra)
             url = target.copy_with(raw_path=path.encode("ascii"))
             forwarded = [(k, v) for k, v in headers if k.lower() not in (*_FRAMING, "host")]
             chunks: list[bytes] = []
@@ -236,13 +325,13 @@ async def record_stream(
                     await stream.send_all(_head(502, [("Content-Type", "text/plain")]) + reason)
                 return
             server.exchanges.append(Exchange(
-                method, path,
-                tuple((k, SCRUBBED if k.lower() in SECRET_HEADERS else scrub(v.encode())
-                       .decode("utf-8", "replace")) for k, v in headers),
+                method, scrub.text(path),
+                tuple((k, SCRUBBED if _is_credential_header(k) else scrub.text(v))
+                      for k, v in headers),
                 scrub(body), response.status_code,
-                tuple((k, SCRUBBED if k.lower() in SECRET_HEADERS else v)
+                tuple((k, SCRUBBED if _is_credential_header(k) else scrub.text(v))
                       for k, v in response.headers.multi_items()),
-                tuple(scrub(c) for c in chunks),
+                scrub.chunks(chunks),
             ))
 
     try:

@@ -146,10 +146,23 @@ def estimate_tokens(agent: Agent, system: str = "") -> int:
     return base + new // 4
 
 
+def _route(agent: Agent) -> tuple[str | None, str | None]:
+    """The route the agent's model calls take: its latest ``request/header`` (after any
+    ``agent/request`` hook rerouted it), else its options. An agent resumed without options
+    or routed by a hook has no provider in its options."""
+    for event in reversed(agent.session.events):
+        if event.type == "request/header":
+            provider, model = event.data.get("provider"), event.data.get("model")
+            if isinstance(provider, str) and provider and isinstance(model, str) and model:
+                return provider, model
+            break
+    return agent.options.provider, agent.options.model
+
+
 def _context_tokens(ctx: Context, policy: CompactPolicy, agent: Agent) -> int | None:
     if policy.max_context_tokens is not None:
         return policy.max_context_tokens
-    provider = agent.options.provider
+    provider = _route(agent)[0]
     adapter = ctx.llm.adapter(provider) if provider else None
     for candidate in (adapter, getattr(adapter, "wrapped", None)):
         value = getattr(candidate, "context_tokens", None)
@@ -210,8 +223,9 @@ def _transcript(messages: Sequence[Message], limit: int) -> str:
 async def _summarise(
     ctx: Context, policy: CompactPolicy, agent: Agent, older: Sequence[Message], context: int
 ) -> tuple[str, FrozenDict | None]:
-    provider = policy.provider or agent.options.provider
-    model = policy.model or agent.options.model
+    route = _route(agent)
+    provider = policy.provider or route[0]
+    model = policy.model or route[1]
     adapter = ctx.llm.adapter(provider) if provider else None
     if adapter is None or model is None:
         raise ProviderError(f"no adapter serves the summary route {provider!r}/{model!r}",
@@ -234,17 +248,27 @@ async def _summarise(
         contextlib.aclosing(stream) if hasattr(stream, "aclose")  # type: ignore[type-var]
         else contextlib.nullcontext(stream)
     )
+    finish: Finish | None = None
     async with closing:
         async for part in stream:
             if isinstance(part, TextDelta):
                 parts.append(part.text)
             elif isinstance(part, Finish):
+                finish = part
                 if part.usage:
                     usage = FrozenDict(
                         {k: v for k, v in part.usage.items()
                          if isinstance(v, int) and not isinstance(v, bool)}
                     )
                 break
+    if finish is None:
+        # A cut stream's text is a summary that stops mid-sentence: never replace history
+        # with it.
+        raise ProviderError("the summary stream ended without a finish",
+                            code="incomplete_stream")
+    if finish.reason not in ("stop", "max_tokens"):
+        raise ProviderError(f"the summary call finished {finish.reason!r}, not with a text",
+                            code="empty_summary")
     summary = "".join(parts).strip()
     if not summary:
         raise ProviderError("the summary call returned no text", code="empty_summary")

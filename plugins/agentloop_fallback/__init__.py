@@ -48,7 +48,7 @@ from typing import Final
 import attrs
 import trio
 
-from agentloop import CallConfig, Context, Plugin, ProviderError, Retry
+from agentloop import CallConfig, ConfigError, Context, Plugin, ProviderError, Retry
 from agentloop.events import AgentRequestError, LlmRetry
 
 from ._policy import FallbackPolicy, Route, always
@@ -97,6 +97,13 @@ def install(ctx: Context, policy: FallbackPolicy) -> None:
     ctx.events.on(AgentRequestError, on_request_error, priority=HANDLER_PRIORITY)
 
 
+def _as_tuple(entries: Iterable[str], where: str) -> tuple[str, ...]:
+    if isinstance(entries, str):
+        raise ConfigError(f"{where}: must be an array of routes, got the string {entries!r} "
+                          f"(for one route write [{entries!r}])")
+    return tuple(entries)
+
+
 def fallback(
     routes: Iterable[str] = (),
     *,
@@ -110,9 +117,11 @@ def fallback(
     Raises:
         ConfigError: a route that is not ``"provider"`` or ``"provider:model"``, at once.
     """
+    # A lone string is one route the caller forgot to put in a list, never its letters.
     policy = FallbackPolicy(
-        routes=tuple(routes),
-        chains={name: tuple(chain) for name, chain in (chains or {}).items()},
+        routes=_as_tuple(routes, "routes"),
+        chains={name: _as_tuple(chain, f"chains.{name}")
+                for name, chain in (chains or {}).items()},
         when=when,
     )
 

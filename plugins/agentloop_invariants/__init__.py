@@ -27,7 +27,12 @@ import attrs
 import trio
 
 from agentloop import Context, FrozenDict, Message, SessionEvent
-from agentloop.events import InvariantViolated, LlmStream, SessionEventAppended
+from agentloop.events import (
+    InvariantViolated,
+    LlmStream,
+    SessionDisposed,
+    SessionEventAppended,
+)
 from agentloop.llm import LLMRequest
 
 __all__ = ["Companion", "install", "plugin", "companion", "EDGE"]
@@ -134,8 +139,14 @@ class Companion:
             self.ctx.events.emit_nowait(violation)
         fold.header = None  # one request per header
 
+    def forget(self, event: SessionDisposed) -> None:
+        # A disposed session's last request holds its whole history: the companion must
+        # not keep what the runtime released.
+        self._folds.pop(event.session_id, None)
+        self._sent.pop(event.session_id, None)
+
     def last_request(self, agent_id: str) -> LLMRequest | None:
-        """The exact request last sent for ``agent_id`` (process-local)."""
+        """The exact request last sent for ``agent_id`` while it lives (process-local)."""
         return self._sent.get(agent_id)
 
     @staticmethod
@@ -178,6 +189,7 @@ def install(ctx: Context) -> Companion:
     found = Companion(ctx)
     ctx.events.on(SessionEventAppended, found.on_event)
     ctx.events.on(LlmStream, found.on_stream, priority=1_000_000)
+    ctx.events.on(SessionDisposed, found.forget)
     if ctx.invariants is None:
         ctx.provide("invariants", found)
     _COMPANIONS[id(ctx)] = found

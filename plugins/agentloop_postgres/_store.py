@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, Final, Self, TypeAlias, TypeVar, cast
 
 import attrs
@@ -551,6 +551,10 @@ class PostgresSessionStore:
             raise InvalidContent(f"target: must be 'next-turn' or 'next-step', got {target!r}")
         if not isinstance(content, (str, builtins.list, tuple)):
             raise InvalidContent(f"content: must be a string or a list of parts, got {content!r}")
+        empty = _empty_prompt(content)
+        if empty is not None:
+            # The driving runtime would refuse it too, but only after it was committed.
+            raise InvalidContent(f"input for session {session_id!r}: {empty}")
         try:
             content_json = _ENCODER.encode(content)
             source_json = None if source is None else _ENCODER.encode(source)
@@ -1210,3 +1214,17 @@ class PostgresSessionStore:
         if not isinstance(value, FrozenDict):
             raise PersistenceError(f"{where} in {self._where} is not a JSON object")
         return value
+
+
+def _empty_prompt(content: str | builtins.list[Any] | tuple[Any, ...]) -> str | None:
+    """Why ``content`` is a prompt with nothing in it, as ``agent.send`` says it."""
+    if isinstance(content, str):
+        return None if content.strip() else f"content: the prompt is empty ({content!r})"
+    if not content:
+        return "content: the prompt is an empty list of parts"
+    for i, part in enumerate(content):
+        if isinstance(part, Mapping) and part.get("type") == "text":
+            text = part.get("text")
+            if isinstance(text, str) and not text.strip():
+                return f"content[{i}].text: the text part is empty ({text!r})"
+    return None

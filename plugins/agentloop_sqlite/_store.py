@@ -18,6 +18,7 @@ import pathlib
 import queue
 import socket
 import sqlite3
+import stat
 import sys
 import threading
 import time
@@ -474,6 +475,7 @@ class SqliteSessionStore:
             raise
 
     def _connect(self) -> None:
+        _refuse_special(self._path)
         if self._read_only:
             self._connect_read_only()
             return
@@ -506,7 +508,7 @@ class SqliteSessionStore:
             self._close_connection()
             raise
 
-    def _connect_read_only(self) -> None:
+    def _connect_read_only(self) -> None:  # the caller checked the path is not special
         path = self._path
         if not os.path.exists(path):
             raise PersistenceError(f"session store {path} does not exist")
@@ -851,3 +853,27 @@ class SqliteSessionStore:
             del self._held[session_id]
             # Its driver is gone; whoever resumes it continues from the stored log.
             self._failed.pop(session_id, None)
+
+
+def _refuse_special(path: str) -> None:
+    """A store is a regular file (or none yet): SQLite would block forever reading a FIFO,
+    and read a character device such as ``/dev/zero`` without end."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise PersistenceError(f"cannot open session store {path}: {exc.strerror or exc}") from exc
+    if not stat.S_ISREG(mode):
+        raise PersistenceError(
+            f"session store {path} is not a regular file (it is {_kind_of(mode)})"
+        )
+
+
+def _kind_of(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a file"

@@ -24,7 +24,8 @@ result the model can read, never a failed turn.
     model = "gpt-4o-mini"
     system_prompt = "You research facts and answer briefly."
     tools = ["search"]       # the only tools its requests offer and it may call (omit
-                             # for all the parent's)
+                             # for all the parent's); its own sub-agents inherit the
+                             # limit and can only narrow it
 """
 
 from __future__ import annotations
@@ -127,29 +128,49 @@ def _allow_only(names: Iterable[str]) -> tuple[Any, Any]:
 def install(ctx: Context, config: SubagentConfig) -> None:
     """Register the four tools on ``ctx`` (undone with its scope)."""
     by_name = {p.name: p for p in config.profiles}
+    # The allow-list in force for each live restricted agent, by id. A child's own
+    # delegations inherit it (intersected with their profile's), so a sandbox holds down
+    # the whole tree and can only narrow: a restricted child cannot escape through a
+    # grandchild with no profile, or with a wider one.
+    allowed_of: dict[str, frozenset[str]] = {}
 
     def options_for(agent: str | None) -> tuple[AgentOptions | None, Any]:
-        if not agent:
-            return None, None
-        profile = by_name.get(agent)
-        if profile is None:
-            known = ", ".join(sorted(by_name)) or "none are configured"
-            raise ValueError(f"unknown agent profile {agent!r} (known: {known})")
         parent = ctx.agents.current()
-        base = parent.options if parent is not None else AgentOptions()
-        fields = {
-            name: value for name in ("provider", "model", "system_prompt")
-            if (value := getattr(profile, name)) is not None
-        }
-        options = attrs.evolve(base, **fields)
-        setup = None
-        if profile.tools is not None:
-            hide, policy = _allow_only(profile.tools)
+        inherited = allowed_of.get(parent.id) if parent is not None else None
+        options: AgentOptions | None = None
+        allowed = inherited
+        if agent:
+            profile = by_name.get(agent)
+            if profile is None:
+                known = ", ".join(sorted(by_name)) or "none are configured"
+                raise ValueError(f"unknown agent profile {agent!r} (known: {known})")
+            base = parent.options if parent is not None else AgentOptions()
+            fields = {
+                name: value for name in ("provider", "model", "system_prompt")
+                if (value := getattr(profile, name)) is not None
+            }
+            options = attrs.evolve(base, **fields)
+            if profile.tools is not None:
+                own = frozenset(profile.tools)
+                allowed = own if inherited is None else own & inherited
+        if allowed is None:
+            return options, None
+        hide, policy = _allow_only(allowed)
+        fenced = allowed
 
-            async def setup(child: Context) -> None:
-                await trio.lowlevel.checkpoint()
-                child.events.on(AgentRequest, hide)
-                child.tools.guard(policy)
+        async def setup(child: Context) -> None:
+            await trio.lowlevel.checkpoint()
+            child.events.on(AgentRequest, hide)
+            child.tools.guard(policy)
+            child_id = child.agent_id
+            if child_id is not None:
+                allowed_of[child_id] = fenced
+
+                def forget() -> None:
+                    if allowed_of.get(child_id) is fenced:
+                        del allowed_of[child_id]
+
+                child.track(agentloop.Disposer(forget))
 
         return options, setup
 
