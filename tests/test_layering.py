@@ -327,6 +327,9 @@ def test_the_layering_is_written_where_it_is_enforced() -> None:
         assert row, f"agentloop/__init__.py does not name the layer {layer!r}"
         for name in names - {"__init__", "__main__", "events", "testing", "_cli_render",
                              "_cli_screen"}:
-            assert name in row, f"agentloop/__init__.py's {layer!r} row does not list {name}"
-            assert name in docs, f"docs/architecture.md does not mention {name}"
+            listed = name in row or (name.startswith("_cli") and "_cli*" in row)
+            assert listed, f"agentloop/__init__.py's {layer!r} row does not list {name}"
+            assert name in docs or name.startswith("_cli"), (
+                f"docs/architecture.md does not mention {name}"
+            )
     assert "## Layering" in docs
