@@ -111,7 +111,8 @@ def current_call_id() -> str | None:
 
 def _depth(agent: Agent) -> int:
     depth = agent.session.meta.get("depth")
-    return depth if isinstance(depth, int) and not isinstance(depth, bool) else 0
+    # max: a session stored before negative depths were refused must not lift the limit.
+    return max(depth, 0) if isinstance(depth, int) and not isinstance(depth, bool) else 0
 
 
 async def _spawn(

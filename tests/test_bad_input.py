@@ -577,3 +577,41 @@ async def test_two_config_agents_on_one_session_are_a_config_error(
     with pytest.raises(agentloop.ConfigError, match=re.escape(said)):
         async with agentloop.open_runtime(config):
             pass
+
+
+async def test_a_stored_negative_depth_does_not_lift_the_limit(tmp_path: Path) -> None:
+    from agentloop_sqlite import SqliteSessionStore
+
+    path = str(tmp_path / "s.db")
+    async with SqliteSessionStore(path) as store:
+        # Stored before negative depths were refused at create.
+        await store.create("old", agentloop.FrozenDict(depth=-10))
+
+    async def fn(request: LLMRequest) -> AsyncIterator[Part]:
+        last = request.messages[-1]
+        if last.role == "user":  # every agent delegates once
+            yield ToolCallDelta(0, id="c", name="delegate", arguments="{}")
+            yield Finish("tool_calls")
+            return
+        yield TextDelta(last.text)
+        yield Finish("stop")
+
+    model = FunctionModel(fn)
+    async with agentloop.open_runtime(
+        {"persistence": {"backend": "sqlite", "path": path}}
+    ) as rt:
+        rt.settings.set("subagents.max_depth", 1)
+        rt.llm.register("s", model)
+
+        @rt.tools.tool()
+        async def delegate() -> str:
+            """Delegate."""
+            return (await rt.subagents.run("go")).text
+
+        async with await rt.agents.resume(
+            resume_session_id="old", agent_options=AgentOptions(provider="s", model="m")
+        ) as handle:
+            answer = await handle.agent.ask("x")
+    # The stored agent counts as depth 0: one child (depth 1), whose own delegation is refused.
+    assert len({r.session_id for r in model.requests}) == 2
+    assert "subagents.max_depth" in answer.text
