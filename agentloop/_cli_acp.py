@@ -503,6 +503,20 @@ async def serve_acp(args: argparse.Namespace, plan: Plan, out: TextIO, err: Text
         ) from None
     offered = offered_agents(args, plan)[0]
     patterns = _ask_patterns(args)
+    # FdStream makes the descriptions non-blocking, which they share with whoever started us
+    # (a terminal, when run by hand): put that back on the way out.
+    blocking = {fd: os.get_blocking(fd) for fd in (0, 1)}
+    try:
+        await _serve_stdio(plan, err, offered, patterns)
+    finally:
+        for fd, was in blocking.items():
+            os.set_blocking(fd, was)
+    return EXIT_OK
+
+
+async def _serve_stdio(
+    plan: Plan, err: TextIO, offered: Offered, patterns: tuple[str, ...]
+) -> None:
     receive = trio.lowlevel.FdStream(os.dup(0))
     send = trio.lowlevel.FdStream(os.dup(1))
     async with cli_runtime(plan, os.environ, err) as rt, receive, send:
@@ -528,4 +542,3 @@ async def serve_acp(args: argparse.Namespace, plan: Plan, out: TextIO, err: Text
                 nursery.cancel_scope.cancel()
                 with trio.CancelScope(shield=True):
                     await server.aclose()
-    return EXIT_OK
