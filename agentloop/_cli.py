@@ -599,7 +599,6 @@ async def _open_agent(
 # The protocol servers (``mcp-serve``, ``acp``) open their runtime and agents as run/chat do.
 cli_runtime = _runtime
 open_cli_agent = _open_agent
-warn = _warn
 
 
 def _header(err: TextIO, plan: Plan, options: AgentOptions, session_id: str) -> None:

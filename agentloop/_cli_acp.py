@@ -42,7 +42,7 @@ from agentloop import (
     load_config,
     thaw,
 )
-from agentloop.events import ToolPreExecute
+from agentloop.events import SessionEventAppended, ToolPreExecute
 
 from ._cli import EXIT_OK, EXIT_USAGE, PROG, CliError, Plan, cli_runtime
 from ._cli_agents import Offered, offered_agents
@@ -363,10 +363,40 @@ class _AcpAgent:
                 await self.rpc.notify("session/update", _dump(
                     SessionNotification(session_id=session_id, update=update)
                 ))
-        for pending in session.agent.pending_approvals:
-            self.nursery.start_soon(self.permission, session_id, session, pending.call_id,
-                                    pending.name, thaw(pending.arguments))
+        if session.agent.pending_approvals and not session.running:
+            self.nursery.start_soon(self.resume_pending, session_id, session)
         return _dump(LoadSessionResponse())
+
+    async def resume_pending(self, session_id: str, session: _Session) -> None:
+        """Ask again for the calls a stored turn left awaiting approval, and stream the turn
+        that answering them continues, as a prompt's would be."""
+        from acp.schema import SessionNotification
+
+        agent = session.agent
+        session.running = True
+        try:
+            async with self.rt.events.subscribe(SessionEventAppended) as log:
+                for pending in agent.pending_approvals:
+                    self.nursery.start_soon(self.permission, session_id, session,
+                                            pending.call_id, pending.name,
+                                            thaw(pending.arguments))
+                async for appended in log:
+                    if appended.session_id != session_id:
+                        continue
+                    event = appended.event
+                    for update in updates_for(event):
+                        await self.rpc.notify("session/update", _dump(
+                            SessionNotification(session_id=session_id, update=update)
+                        ))
+                    if event.type == "tool/approval-requested":
+                        data = event.data
+                        self.nursery.start_soon(self.permission, session_id, session,
+                                                data["call_id"], data["name"],
+                                                thaw(data["arguments"]))
+                    elif event.type == "turn/end":
+                        return
+        finally:
+            session.running = False
 
     async def prompt(self, params: Any) -> Any:
         from acp.schema import PromptRequest, PromptResponse, SessionNotification
@@ -473,6 +503,20 @@ async def serve_acp(args: argparse.Namespace, plan: Plan, out: TextIO, err: Text
         ) from None
     offered = offered_agents(args, plan)[0]
     patterns = _ask_patterns(args)
+    # FdStream makes the descriptions non-blocking, which they share with whoever started us
+    # (a terminal, when run by hand): put that back on the way out.
+    blocking = {fd: os.get_blocking(fd) for fd in (0, 1)}
+    try:
+        await _serve_stdio(plan, err, offered, patterns)
+    finally:
+        for fd, was in blocking.items():
+            os.set_blocking(fd, was)
+    return EXIT_OK
+
+
+async def _serve_stdio(
+    plan: Plan, err: TextIO, offered: Offered, patterns: tuple[str, ...]
+) -> None:
     receive = trio.lowlevel.FdStream(os.dup(0))
     send = trio.lowlevel.FdStream(os.dup(1))
     async with cli_runtime(plan, os.environ, err) as rt, receive, send:
@@ -498,4 +542,3 @@ async def serve_acp(args: argparse.Namespace, plan: Plan, out: TextIO, err: Text
                 nursery.cancel_scope.cancel()
                 with trio.CancelScope(shield=True):
                     await server.aclose()
-    return EXIT_OK

@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import os
 import re
+from collections.abc import Awaitable, Callable
 from typing import TextIO
 
 from agentloop import Agent, TurnFailed, __version__
@@ -34,7 +35,7 @@ def tool_names(ids: list[str]) -> list[str]:
     return [f"ask_{_UNSAFE.sub('_', agent_id)}" for agent_id in ids]
 
 
-def _ask_tool(agent: Agent, label: str) -> object:
+def _ask_tool(agent: Agent, label: str) -> Callable[..., Awaitable[str]]:
     from mcp.server.mcpserver import Context as McpContext
 
     async def ask(prompt: str, ctx: McpContext) -> str:
@@ -89,7 +90,7 @@ async def mcp_serve(args: argparse.Namespace, plan: Plan, out: TextIO, err: Text
             handle = await open_cli_agent(rt, plan, session_id, agent_cfg.options, "mcp-serve")
             await stack.enter_async_context(handle)
             server.add_tool(
-                _ask_tool(handle.agent, agent_cfg.id),  # type: ignore[arg-type]
+                _ask_tool(handle.agent, agent_cfg.id),
                 name=name,
                 description=f"Ask the agent {agent_cfg.id!r} "
                 f"({agent_cfg.options.provider}/{agent_cfg.options.model}); "

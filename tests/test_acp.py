@@ -261,3 +261,49 @@ async def test_a_refused_permission_and_bad_requests(
             (result,) = editor.of("tool_call_update")
             assert result.status == "failed"
             assert "the user rejected the call" in result.content[0].content.text
+
+
+async def test_a_permission_left_unanswered_is_asked_again_when_the_session_is_loaded(
+    tmp_path: Path, fake: FakeOpenAI, config: Path
+) -> None:
+    fake.replies = [
+        Reply(chunks=["Let", " me", " look."], tool=("time_get_current_time", {"timezone": "UTC"})),
+        Reply(chunks=["Done", " now."]),
+    ]
+    with trio.fail_after(120):
+        async with _editor(config, tmp_path) as editor:
+            session_id = (await editor.call("session/new", {"cwd": "/", "mcpServers": []}))[
+                "sessionId"
+            ]
+            await editor.request("session/prompt", {
+                "sessionId": session_id, "prompt": [{"type": "text", "text": "Time?"}],
+            })
+            while (await editor.read()).get("method") != "session/request_permission":
+                pass
+            # The editor quits without answering: the turn is suspended, the call stays parked.
+
+    with trio.fail_after(120):
+        async with _editor(config, tmp_path) as editor:
+            load_id = await editor.request("session/load", {
+                "sessionId": session_id, "cwd": "/", "mcpServers": [],
+            })
+            loaded = asked = None
+            while loaded is None or asked is None:
+                message = await editor.read()
+                if message.get("id") == load_id:
+                    loaded = message
+                elif message.get("method") == "session/request_permission":
+                    asked = message
+            assert "error" not in loaded
+            assert editor.texts("agent_message_chunk") == "Let me look."
+            params = schema.RequestPermissionRequest.model_validate(asked["params"])
+            assert params.tool_call.title == "time_get_current_time"
+            editor.updates.clear()
+            await editor.send({"id": asked["id"], "result": {
+                "outcome": {"outcome": "selected", "optionId": "allow"},
+            }})
+            # The continued turn streams as a prompt's would.
+            while editor.texts("agent_message_chunk") != "Done now.":
+                assert "id" not in await editor.read()
+            (result,) = editor.of("tool_call_update")
+            assert result.status == "completed"

@@ -304,20 +304,29 @@ async def test_unloading_terminates_the_server_processes(tmp_path: Path) -> None
 async def test_cancelling_while_servers_start_leaves_no_process() -> None:
     before = _children()
     spawned: set[int] = set()
+    registered: list[bool] = []
 
-    async def spy() -> None:
-        while True:
+    # A child process is not an event trio can wait on: watch /proc for it, and cancel the
+    # startup as soon as it exists (a fixed deadline lost the race on a loaded machine).
+    async def spy(startup: trio.CancelScope) -> None:
+        while not spawned:
             spawned.update(_children() - before)
-            await trio.sleep(0.01)
+            await trio.sleep(0.005)
+        startup.cancel()
+
+    async def watch_tools(ctx: Context) -> None:
+        registered.append(bool(_names(ctx)))
 
     with trio.fail_after(60):
-        with trio.move_on_after(0.2) as startup:
+        with trio.CancelScope() as startup:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(spy)
-                async with open_runtime(plugins=[mcp([TIME])]):
+                nursery.start_soon(spy, startup)
+                async with open_runtime(plugins=[mcp([TIME]), watch_tools]):
                     await trio.sleep_forever()
     assert startup.cancelled_caught
     assert spawned
+    # The runtime never finished opening: the server was cancelled while it started.
+    assert registered == []
     assert all(_gone(pid) for pid in spawned)
 
 

@@ -23,10 +23,11 @@ from mcp import Client, StdioServerParameters
 pytestmark = pytest.mark.mcp
 
 
-def _config(tmp_path: Path, fake: FakeOpenAI, agents: str) -> Path:
+def _config(tmp_path: Path, fake: FakeOpenAI, agents: str, top: str = "") -> Path:
     path = tmp_path / "agentloop.toml"
     path.write_text(
-        f'[providers.fake]\nkind = "openai"\nbase_url = "{fake.url}"\nmodel = "fake-model"\n\n'
+        top
+        + f'[providers.fake]\nkind = "openai"\nbase_url = "{fake.url}"\nmodel = "fake-model"\n\n'
         + agents
     )
     return path
@@ -131,3 +132,38 @@ def test_an_unknown_agent_is_one_error_line(tmp_path: Path, fake: FakeOpenAI) ->
     assert done.stderr.strip().splitlines() == [
         "agentloop: error: no agent 'nobody' in the config (agents: helper)"
     ]
+
+
+ASKING_PLUGIN = '''
+import agentloop
+from agentloop.events import ToolPreExecute
+
+
+async def plugin(ctx, task_status=None):
+    async def touch(path: str) -> str:
+        """Create a file."""
+        return f"touched {path}"
+
+    ctx.tools.register(agentloop.Tool("touch", "Create a file.", {
+        "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"],
+    }, touch))
+    ctx.events.on(ToolPreExecute, lambda e: agentloop.Ask("touch it?"))
+    if task_status is not None:
+        task_status.started()
+'''
+
+
+async def test_a_call_that_needs_approval_is_refused(
+    tmp_path: Path, fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "agentloop_asking.py").write_text(ASKING_PLUGIN)
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    fake.replies = [Reply(chunks=[], tool=("touch", {"path": "x"})), Reply(chunks=["Refused."])]
+    config = _config(tmp_path, fake, HELPER, top='plugins = ["asking"]\n\n')
+    with trio.fail_after(60):
+        async with _serving(config, tmp_path) as client:
+            answer = await client.call_tool("ask", {"prompt": "Touch x"})
+    assert answer.content[0].text == "Refused."
+    (result,) = [e["data"] for e in _log(tmp_path, "helper-1") if e["type"] == "tool/result"]
+    assert result["error_code"] == "DENIED"
+    assert "agentloop mcp-serve cannot ask for approval" in result["content"]
