@@ -31,7 +31,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentloop import Config
-from agentloop._cli import CliError, choose_route, main
+from agentloop._cli import CliError, choose_route
+from agentloop._cli_main import main
 from agentloop._config import load_config
 
 
@@ -858,7 +859,7 @@ class _Tty(io.StringIO):
 def test_the_screen_ui_needs_a_terminal_and_the_extra_and_plain_turns_it_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from agentloop._cli import build_parser
+    from agentloop._cli_main import build_parser
     from agentloop._cli_render import tui_available
     from agentloop._cli_screen import _screen_fits
 

@@ -765,7 +765,7 @@ def test_sessions_list_shows_children_under_their_parent(
 ) -> None:
     from agentloop_sqlite import SqliteSessionStore
 
-    from agentloop._cli import main
+    from agentloop._cli_main import main
 
     db = tmp_path / "s.db"
 
