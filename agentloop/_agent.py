@@ -173,7 +173,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         )
         self._runner = ToolRunner(
             services, session, session.id, Approvals(self._wake_idle_waiters),
-            self._stopping,
+            self._stopping, self._flush,
         )
 
     def __repr__(self) -> str:

@@ -14,8 +14,7 @@ import inspect
 import json
 import math
 from collections import deque
-from collections.abc import Sequence
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -78,6 +77,8 @@ class ToolRunner:
     agent_id: str
     approvals: Approvals
     stopping: Callable[[], bool]
+    # Commits the session's log up to a seq (the agent's flush barrier).
+    flush: Callable[[int], Awaitable[None]]
 
 
 class _Run:
@@ -391,7 +392,12 @@ class _Run:
             if self.changed.is_set():
                 self.changed = trio.Event()
             # Waiting only for a person: the agent counts as settled for wait_idle().
-            blocked = self.in_flight == 0 and not self.ready and self.parked > 0
+            blocked = self._only_answers_missing()
+            if blocked:
+                # Durable before anyone is told: an application that sees the turn blocked
+                # (wait_idle returned, pending_approvals listed) may stop the process at once.
+                await self.runner.flush(self.session.last_seq)
+                blocked = not self.changed.is_set() and self._only_answers_missing()
             if blocked:
                 self.approvals.set_blocked(True)
             try:
@@ -406,6 +412,9 @@ class _Run:
                     self.approvals.set_blocked(False)
             self._take_answers()
         await self._emit_ready()
+
+    def _only_answers_missing(self) -> bool:
+        return self.in_flight == 0 and not self.ready and self.parked > 0
 
     async def run(self) -> None:
         failure: Exception | None = None
