@@ -18,7 +18,7 @@ from typing import Any, Final, Literal, Protocol, Self, final
 import attrs
 import trio
 
-from ._agent import CLOSE_GRACE, Agent, current_agent
+from ._agent import CLOSE_GRACE, Agent, _freeze_content, current_agent
 from ._bus import Disposer
 from ._errors import AgentDisposed as AgentDisposedError
 from ._errors import (
@@ -39,6 +39,7 @@ from ._events import (
     SessionCreated,
     SessionDisposed,
 )
+from ._inbox import TARGETS
 from ._json import FrozenDict, freeze
 from ._model import AgentOptions, CallConfig, SessionEvent
 from ._lifecycle import Lifecycle
@@ -460,6 +461,12 @@ class SessionsService:
         agent = self._supervisor.agents.get(session_id)
         if agent is not None:
             return agent.send(content, source=source, target=target, wakeup=wakeup)
+        # Refused here exactly as a local inbox refuses it: what the store commits for
+        # another runtime must be deliverable there, or it would be lost at delivery.
+        if target not in TARGETS:
+            raise InvalidContent(f"target: must be 'next-turn' or 'next-step', got {target!r}")
+        content = _freeze_content(content)
+        source = freeze(source, path="source")
         route = getattr(self._services.persistence, "send", None)
         if route is None:
             raise SessionNotFound(

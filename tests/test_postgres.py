@@ -1171,3 +1171,93 @@ async def test_rt_sessions_send_reaches_the_driver_in_another_runtime(dsn: str) 
             assert [p for p, _ in _prompts(handle.agent)] == ["local", "remote"]
             assert _prompts(handle.agent)[1][1] == remote
             assert local.startswith("msg_")
+
+
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = ["x"]
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+async def test_routed_input_is_refused_at_send_exactly_as_a_local_inbox_refuses_it(
+    cluster: Cluster, schema: str, dsn: str
+) -> None:
+    with trio.fail_after(30):
+        async with (
+            agentloop.open_runtime(_config(dsn)) as a,
+            agentloop.open_runtime(_config(dsn)) as b,
+        ):
+            a.llm.register("scripted", ScriptedModel([]))
+            handle = await a.agents.create(session_id="deep", agent_options=OPTIONS)
+            store_b = b.session_persistence
+            assert isinstance(store_b, PostgresSessionStore)
+            bad: list[tuple[Any, Any]] = [
+                (_nested(300), None), (_nested(5000), None), ("lone \ud800", None),
+                ([{"n": float("nan")}], None), ("fine", {"deep": _nested(300)}),
+            ]
+            accepted = 0
+            for depth in (199, 200, 201):
+                try:
+                    handle.agent.inject(_nested(depth))
+                except InvalidContent:
+                    bad.append((_nested(depth), None))
+                else:
+                    await b.sessions.send("deep", _nested(depth), wakeup=False)
+                    accepted += 1
+            assert accepted == 2  # the local inbox takes 200 levels and refuses 201
+            for content, source in bad:
+                with pytest.raises(InvalidContent) as local:
+                    handle.agent.send(content, source=source, wakeup=False)
+                with pytest.raises(InvalidContent) as routed:
+                    await b.sessions.send("deep", content, source=source, wakeup=False)
+                assert str(routed.value) == str(local.value)
+                if "nested" in str(local.value):
+                    with pytest.raises(InvalidContent, match="nested more than 200 levels"):
+                        await store_b.send("deep", content, source=source)
+            # Nothing refused was committed for the driver.
+            assert sql(cluster, schema, "SELECT count(*) FROM agentloop_inbox") == [(accepted,)]
+            await handle.aclose()
+
+
+async def test_a_routed_message_the_driver_discarded_is_done(
+    cluster: Cluster, schema: str, dsn: str
+) -> None:
+    from agentloop.events import AgentTurnEnd, InboxInserted
+
+    release = trio.Event()
+
+    async def blocked_then_ok(request: object) -> Any:
+        if not release.is_set():
+            await trio.sleep_forever()  # the first turn runs until it is cancelled
+        yield TextDelta("ok")
+        yield Finish("stop")
+
+    with trio.fail_after(40):
+        async with agentloop.open_runtime(_config(dsn)) as sender:
+            async with agentloop.open_runtime(_config(dsn)) as a:
+                a.llm.register("scripted", FunctionModel(blocked_then_ok))  # type: ignore[arg-type]
+                arrived = trio.Event()
+                a.events.on(InboxInserted, lambda e: arrived.set())
+                handle = await a.agents.create(session_id="d1", agent_options=OPTIONS)
+                handle.agent.followup("busy")
+                arrived = trio.Event()
+                dropped = await sender.sessions.send("d1", "to be discarded")
+                await arrived.wait()
+                assert [m.source["inbox"] for m in handle.agent.inbox.next_turn] == [dropped]
+                assert handle.agent.cancel()
+                await handle.agent.wait_idle()
+                await handle.aclose()
+            release.set()
+            async with agentloop.open_runtime(_config(dsn)) as c:
+                c.llm.register("scripted", FunctionModel(blocked_then_ok))  # type: ignore[arg-type]
+                ended = trio.Event()
+                c.events.on(AgentTurnEnd, lambda e: ended.set())
+                resumed = await c.agents.resume(resume_session_id="d1", agent_options=OPTIONS)
+                after = await sender.sessions.send("d1", "after")
+                await ended.wait()
+                await resumed.agent.wait_idle()
+                assert _prompts(resumed.agent) == [("busy", None), ("after", after)]
+                check_log_invariants(resumed.agent.session.events)
+            assert sql(cluster, schema, "SELECT id FROM agentloop_inbox"
+                       " WHERE discarded_at IS NOT NULL") == [(dropped,)]

@@ -62,7 +62,7 @@ __all__ = [
     "PostgresSessionStore", "StoreStats", "Routed", "SCHEMA_VERSION", "INBOX_CHANNEL", "masked_dsn"
 ]
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 """The schema version this module writes and the newest one it reads."""
 
 DEFAULT_LEASE_SECONDS: Final = 30.0
@@ -79,7 +79,7 @@ _TABLES: Final = frozenset({
     "agentloop_inbox",
 })
 # The tables each version has: an older schema lacks those added after it.
-_TABLES_OF: Final = {1: _TABLES - {"agentloop_inbox"}, 2: _TABLES}
+_TABLES_OF: Final = {1: _TABLES - {"agentloop_inbox"}, 2: _TABLES, 3: _TABLES}
 
 # Each entry upgrades the schema from the version before it; the index is the version reached.
 _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
@@ -174,6 +174,11 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             claimed_at timestamptz
         )""",
         "CREATE INDEX agentloop_inbox_by_session ON agentloop_inbox (session_id, n)",
+    ),
+    (
+        # A message its driver discarded (cancel, remove) or could never deliver is done:
+        # no later driver claims it again.
+        "ALTER TABLE agentloop_inbox ADD COLUMN discarded_at timestamptz",
     ),
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION + 1
@@ -273,6 +278,27 @@ class Routed:
 
 
 _TARGETS: Final = ("next-turn", "next-step")
+# The deepest nesting a runtime's inbox accepts (agentloop refuses deeper content at every
+# send): routed input is refused at the same depth, before it is committed.
+_MAX_NESTING: Final = 200
+
+
+def _nesting_problem(value: object, path: str) -> str | None:
+    """Where ``value`` nests deeper than an inbox accepts, or ``None`` (iterative: a value
+    thousands of levels deep is refused with its path, not a ``RecursionError``)."""
+    stack: builtins.list[tuple[object, str, int]] = [(value, path, 0)]
+    while stack:
+        item, where, depth = stack.pop()
+        if isinstance(item, (builtins.list, tuple)):
+            children: Any = ((v, f"{where}[{i}]") for i, v in enumerate(item))
+        elif isinstance(item, dict):
+            children = ((v, f"{where}.{k}") for k, v in item.items())
+        else:
+            continue
+        if depth >= _MAX_NESTING:
+            return f"{where}: nested more than {_MAX_NESTING} levels deep"
+        stack.extend((v, w, depth + 1) for v, w in children)
+    return None
 INBOX_CHANNEL: Final = "agentloop_inbox"
 
 
@@ -335,6 +361,8 @@ class PostgresSessionStore:
         self._fatal: BaseException | None = None
         self._conn: psycopg.Connection[Any] | None = None
         self._held: dict[str, tuple[str, int]] = {}
+        # The lease each session's routed input was last claimed under: it fences discards.
+        self._claimed: dict[str, tuple[str, int]] = {}
         self._written: dict[str, int] = {}
         self._next_renewal = 0.0
         self._pid = os.getpid()
@@ -551,6 +579,9 @@ class PostgresSessionStore:
             raise InvalidContent(f"target: must be 'next-turn' or 'next-step', got {target!r}")
         if not isinstance(content, (str, builtins.list, tuple)):
             raise InvalidContent(f"content: must be a string or a list of parts, got {content!r}")
+        problem = _nesting_problem(content, "content") or _nesting_problem(source, "source")
+        if problem is not None:
+            raise InvalidContent(f"input for session {session_id!r}: {problem}")
         try:
             content_json = _ENCODER.encode(content)
             source_json = None if source is None else _ENCODER.encode(source)
@@ -579,6 +610,13 @@ class PostgresSessionStore:
         """
         call = functools.partial(self._do_claim, session_id, frozenset(delivered))
         return await self._call(call, shield=True)
+
+    async def discard(self, session_id: str, message_ids: Collection[str]) -> None:
+        """Mark routed messages done without delivering them: their driver discarded them
+        (``cancel``, ``remove``) or they cannot be delivered. No later driver claims them.
+        Only messages this store claimed, at the epoch it claimed them, are marked."""
+        call = functools.partial(self._do_discard, session_id, builtins.list(message_ids))
+        await self._call(call, shield=True)
 
     def epoch(self, session_id: str) -> int | None:
         """The lease epoch this store holds for the session, or None."""
@@ -1097,6 +1135,7 @@ class PostgresSessionStore:
         if mine is None or session_id in self._failed:
             return []
         owner, epoch = mine
+        self._claimed[session_id] = mine
         # One statement: the lease row is share-locked only while it runs, so no takeover
         # commits between the check and the claim, and a paused client holds no lock.
         rows = self._db.execute(
@@ -1105,6 +1144,7 @@ class PostgresSessionStore:
             " UPDATE agentloop_inbox SET claimed_by = %s, claimed_epoch = %s,"
             " claimed_at = clock_timestamp()"
             " WHERE id IN (SELECT id FROM agentloop_inbox WHERE session_id = %s"
+            " AND discarded_at IS NULL"
             " AND (claimed_epoch IS NULL OR claimed_epoch < %s) FOR UPDATE SKIP LOCKED)"
             " AND EXISTS (SELECT 1 FROM lease)"
             " RETURNING n, id, content::text, source::text, target, wakeup",
@@ -1123,6 +1163,20 @@ class PostgresSessionStore:
                 wakeup=wakeup,
             ))
         return out
+
+    def _do_discard(self, session_id: str, message_ids: builtins.list[str]) -> None:
+        # Fenced by the claim, not the lease: a discard made just before the lease was
+        # released still counts, and one a newer driver's claim overtook changes nothing.
+        mine = self._claimed.get(session_id)
+        if mine is None or not message_ids:
+            return
+        owner, epoch = mine
+        self._db.execute(
+            "UPDATE agentloop_inbox SET discarded_at = clock_timestamp()"
+            " WHERE session_id = %s AND id = ANY(%s) AND claimed_by = %s"
+            " AND claimed_epoch = %s",
+            (session_id, message_ids, owner, epoch),
+        )
 
     # -- reading -------------------------------------------------------------------------------
 
