@@ -33,6 +33,7 @@ from ._events import (
     Reject,
     Replace,
     SessionFlush,
+    SessionPersistenceFailed,
     Stop,
 )
 from ._inbox import TARGETS, Inbox, InboxState, Target
@@ -658,8 +659,10 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         if bus.has_handlers(SessionFlush):
             try:
                 await bus.emit(SessionFlush(self.id, seq))
-            except Exception:
+            except Exception as exc:
+                # The store keeps what it can and says so; the session's owner hears it here.
                 log.exception("agent %s: flushing up to seq %d failed", self.id, seq)
+                self._services.emit(SessionPersistenceFailed(self.id, seq, str(exc)))
 
     async def _run_turn(
         self, turn: _Turn, claimed: tuple[InboxMessage, ...], *, resuming: bool = False

@@ -66,9 +66,24 @@ def _free_port() -> int:
 
 
 class Cluster:
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, pg_ctl: list[str] | None = None) -> None:
         self.port = port
         self._names = itertools.count(1)
+        # The server's pg_ctl command line up to the action, for an outage and its end.
+        self._pg_ctl = pg_ctl
+
+    def _ctl(self, *action: str) -> None:
+        if self._pg_ctl is None:
+            pytest.skip("this cluster cannot be stopped and started")
+        subprocess.run([*self._pg_ctl, *action], check=True, capture_output=True, timeout=120)
+
+    def stop(self) -> None:
+        """Stop the server at once, dropping every connection."""
+        self._ctl("-m", "immediate", "-w", "stop")
+
+    def start(self) -> None:
+        """Start it again; returns once it accepts connections."""
+        self._ctl("-w", "-t", "60", "start")
 
     def dsn(self, schema: str | None = None, password: str = PASSWORD) -> str:
         dsn = f"postgresql://agentloop:{quote(password)}@127.0.0.1:{self.port}/postgres"
@@ -122,20 +137,20 @@ def cluster() -> Iterator[Cluster]:
              "--auth-host=scram-sha-256", "--auth-local=trust", "-E", "UTF8", "--no-sync"],
             check=True, capture_output=True, timeout=120, cwd=base,
         )
-        subprocess.run(
-            [*prefix, pg_ctl, "-D", str(data), "-l", str(base / "log"), "-w", "-t", "60",
-             "-o", (f"-c listen_addresses=127.0.0.1 -p {port} -k {base} -c fsync=off"
-             " -c max_connections=50"),
-             "start"],
-            check=True, capture_output=True, timeout=120, cwd=base,
-        )
+        control = [
+            *prefix, pg_ctl, "-D", str(data), "-l", str(base / "log"),
+            "-o", (f"-c listen_addresses=127.0.0.1 -p {port} -k {base} -c fsync=off"
+                   " -c max_connections=50"),
+        ]
+        subprocess.run([*control, "-w", "-t", "60", "start"],
+                       check=True, capture_output=True, timeout=120, cwd=base)
     except (OSError, subprocess.SubprocessError) as exc:
         log = base / "log"
         detail = log.read_text()[-2000:] if log.exists() else ""
         shutil.rmtree(base, ignore_errors=True)
         pytest.skip(f"cannot start a PostgreSQL server: {exc} {detail}")
     try:
-        yield Cluster(port)
+        yield Cluster(port, control)
     finally:
         subprocess.run([*prefix, pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"],
                        capture_output=True, timeout=60, check=False, cwd=base)
@@ -1261,3 +1276,80 @@ async def test_a_routed_message_the_driver_discarded_is_done(
                 check_log_invariants(resumed.agent.session.events)
             assert sql(cluster, schema, "SELECT id FROM agentloop_inbox"
                        " WHERE discarded_at IS NOT NULL") == [(dropped,)]
+
+
+# --- a server outage during writes ----------------------------------------------------------
+
+
+@contextlib.contextmanager
+def outage(cluster: Cluster) -> Iterator[None]:
+    """The server is down inside the block, and up again after it whatever happens."""
+    cluster.stop()
+    try:
+        yield
+    finally:
+        cluster.start()
+
+
+async def test_an_outage_during_writes_keeps_every_acknowledged_event(
+    cluster: Cluster, dsn: str
+) -> None:
+    with trio.fail_after(60):
+        async with PostgresSessionStore(dsn, lease_seconds=60) as store:
+            for sid in ("s1", "s2", "s3"):
+                await store.create(sid, META)
+                await store.acquire(sid, "rt")
+                store.append(sid, event(1, text="before"))
+                await store.flush(sid, 1)
+            with outage(cluster):
+                for seq in (2, 3, 4):
+                    store.append("s1", event(seq, text=f"during {seq}"))
+                    store.append("s2", event(seq, text=f"during {seq}"))
+                for sid in ("s1", "s2"):
+                    with pytest.raises(PersistenceError) as failure:
+                        await store.flush(sid, 4)
+                    message = str(failure.value)
+                    assert f"session {sid!r}" in message and "from seq 2" in message
+                    assert "kept" in message and PASSWORD not in message
+                await store.flush("s3", 1)  # nothing of s3 waits: its owner hears nothing
+                with pytest.raises(PersistenceError):
+                    await store.flush("s1", 4)  # still down: the next attempt fails too
+            store.append("s1", event(5, text="after"))
+            # Back: the next attempt writes the kept events, then what came after.
+            await store.flush("s1", 5)
+            await store.flush("s2", 4)
+            for sid, last in (("s1", 5), ("s2", 4)):
+                assert [e.seq for e in (await store.load(sid)).events] == list(range(1, last + 1))
+            store.append("s3", event(2, text="later"))
+            await store.flush("s3", 2)
+            assert await store.renew() == []  # the leases outlived the outage
+
+
+async def test_an_outage_tells_the_sessions_owner_and_the_runtime_writes_on_after_it(
+    cluster: Cluster, dsn: str
+) -> None:
+    from agentloop.events import SessionPersistenceFailed
+
+    failed: list[SessionPersistenceFailed] = []
+    with trio.fail_after(60):
+        async with agentloop.open_runtime(_config(dsn, lease_seconds=60)) as rt:
+            rt.llm.register("scripted", ScriptedModel(["one", "two", "three"]))
+            rt.events.on(SessionPersistenceFailed, failed.append)
+            handle = await rt.agents.create(session_id="o1", agent_options=OPTIONS)
+            agent = handle.agent
+            await agent.ask("first")
+            with outage(cluster):
+                result = await agent.ask("during the outage")
+                assert result.reason == "completed"  # the agent kept running
+                [told] = failed
+                assert told.session_id == "o1" and "'o1'" in told.message
+                assert told.seq == agent.session.last_seq
+            await agent.ask("after it")
+            assert len(failed) == 1
+            store = rt.session_persistence
+            assert isinstance(store, PostgresSessionStore)
+            stored = (await store.load("o1")).events
+            assert [(e.seq, e.type, e.data) for e in stored] == [
+                (e.seq, e.type, e.data) for e in agent.session.events
+            ]
+            check_log_invariants(stored)

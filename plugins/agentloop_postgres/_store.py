@@ -19,6 +19,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
+import logging
 import math
 import os
 import queue
@@ -62,11 +63,16 @@ __all__ = [
     "PostgresSessionStore", "StoreStats", "Routed", "SCHEMA_VERSION", "INBOX_CHANNEL", "masked_dsn"
 ]
 
+log = logging.getLogger("agentloop.postgres")
+
 SCHEMA_VERSION: Final = 3
 """The schema version this module writes and the newest one it reads."""
 
 DEFAULT_LEASE_SECONDS: Final = 30.0
 _MAX_BATCH: Final = 10_000
+# Reconnecting after the server went away: the first retry, and the longest wait between two.
+_RETRY_FIRST: Final = 0.05
+_RETRY_MAX: Final = 1.0
 _TURN_START: Final = "turn/start"
 _INT64: Final = 2**63
 # Serialises concurrent migrations of one database (pg_advisory_xact_lock takes a bigint).
@@ -302,6 +308,10 @@ def _nesting_problem(value: object, path: str) -> str | None:
 INBOX_CHANNEL: Final = "agentloop_inbox"
 
 
+class _LostError(Exception):
+    """The server cannot be reached: what was being written is kept and retried."""
+
+
 class _RowRaceError(Exception):
     """Another runtime inserted a session's first lease row between our read and insert."""
 
@@ -358,6 +368,16 @@ class PostgresSessionStore:
         # Written by the worker thread only.
         self._processed = 0
         self._failed: dict[str, _Failure] = {}
+        # While the server is unreachable: the acknowledged appends not yet committed, the
+        # flushes waiting for the next attempt, when it is, and why the last one failed.
+        self._backlog: builtins.list[_Append] = []
+        self._held_flushes: builtins.list[_Request[Any]] = []
+        self._outage: str | None = None
+        self._retry_at = 0.0
+        self._retry_delay = _RETRY_FIRST
+        # Read by the trio thread: sessions with appends kept through an outage, and the
+        # first seq of each not yet stored (replaced whole, never mutated in place).
+        self._unstored: dict[str, int] = {}
         self._fatal: BaseException | None = None
         self._conn: psycopg.Connection[Any] | None = None
         self._held: dict[str, tuple[str, int]] = {}
@@ -503,7 +523,10 @@ class PostgresSessionStore:
         if self._state != "open":
             raise self._not_open()
         self._check_writable("flush events")
-        if self._last_ticket.get(session_id, 0) > self._processed:
+        if self._last_ticket.get(session_id, 0) > self._processed or (
+            session_id in self._unstored
+        ):
+            # During an outage the answer comes after the writer's next attempt.
             marker = _Flush(_nothing)
             self._queue.put(marker)
             await marker.wait()
@@ -512,6 +535,13 @@ class PostgresSessionStore:
         failure = self._failed.get(session_id)
         if failure is not None and seq >= failure.seq:
             raise PersistenceError(failure.message) from failure.cause
+        first = self._unstored.get(session_id)
+        if first is not None and seq >= first:
+            raise PersistenceError(
+                f"session {session_id!r}: events from seq {first} on are not stored yet:"
+                f" {self._outage or 'the server cannot be reached'}; they are kept and"
+                " written when the server is back"
+            )
 
     async def acquire(self, session_id: str, owner: str) -> None:
         """Take the live-driver lease of a session for ``owner``, at a new epoch.
@@ -658,13 +688,16 @@ class PostgresSessionStore:
             return
         while True:
             try:
-                if self._held and not self._read_only:
-                    timeout = max(0.0, self._next_renewal - time.monotonic())
-                    batch = [self._queue.get(timeout=timeout)]
-                else:
+                due = self._next_due()
+                if due is None:
                     batch = [self._queue.get()]
+                else:
+                    batch = [self._queue.get(timeout=max(0.0, due - time.monotonic()))]
             except queue.Empty:
-                self._renew_safely()
+                if self._backlog and time.monotonic() >= self._retry_at:
+                    self._commit([], [])
+                if self._held and time.monotonic() >= self._next_renewal:
+                    self._renew_safely()
                 continue
             with contextlib.suppress(queue.Empty):
                 while len(batch) < _MAX_BATCH:
@@ -682,6 +715,15 @@ class PostgresSessionStore:
                         item.fail(self._worker_failed())
             if self._held and time.monotonic() >= self._next_renewal:
                 self._renew_safely()
+
+    def _next_due(self) -> float | None:
+        """When the writer has work of its own: a lease renewal, or retrying the backlog."""
+        due = []
+        if self._held and not self._read_only:
+            due.append(self._next_renewal)
+        if self._backlog:
+            due.append(self._retry_at)
+        return min(due) if due else None
 
     def _handle(self, batch: builtins.list[_Item]) -> bool:
         """Serve one batch; True once the store is shut down."""
@@ -701,7 +743,8 @@ class PostgresSessionStore:
             elif isinstance(item, _Flush):
                 flushes.append(item)
             else:
-                self._commit(appends, flushes)
+                # Stopping: one last attempt, whatever the backoff says.
+                self._commit(appends, flushes, force=isinstance(item, _Stop))
                 appends, flushes = [], []
                 item.run()
                 if isinstance(item, _Stop):
@@ -868,13 +911,82 @@ class PostgresSessionStore:
     # -- writing -------------------------------------------------------------------------------
 
     def _commit(
-        self, appends: builtins.list[_Append], flushes: builtins.list[_Request[Any]]
+        self, appends: builtins.list[_Append], flushes: builtins.list[_Request[Any]],
+        *, force: bool = False,
     ) -> None:
         if appends:
-            self._write(appends)
             self._processed += len(appends)
+            self._backlog.extend(appends)
+        attempted = False
+        if self._backlog and (
+            self._outage is None or force or time.monotonic() >= self._retry_at
+        ):
+            self._write_backlog()
+            attempted = True
+        if self._outage is not None and not attempted:
+            self._held_flushes.extend(flushes)  # answered after the next attempt
+            return
+        if self._held_flushes:
+            flushes, self._held_flushes = [*self._held_flushes, *flushes], []
         for flush in flushes:
             flush.run()
+
+    def _write_backlog(self) -> None:
+        """Write every kept append; on losing the server keep them and schedule a retry."""
+        backlog = self._backlog
+        try:
+            try:
+                if self._outage is not None:
+                    backlog = self._not_yet_stored(backlog)
+                self._write(backlog)
+            except _LostError:
+                if self._outage is not None:
+                    raise
+                # One dropped connection is not an outage: reconnect and try again at once.
+                backlog = self._not_yet_stored(backlog)
+                self._write(backlog)
+        except _LostError as exc:
+            self._backlog = backlog
+            if self._outage is None:
+                log.warning("session store %s cannot be reached (%s): %d events kept,"
+                            " retrying with backoff", self._where, exc, len(backlog))
+            self._outage = str(exc)
+            self._retry_at = time.monotonic() + self._retry_delay
+            self._retry_delay = min(2 * self._retry_delay, _RETRY_MAX)
+            unstored: dict[str, int] = {}
+            for sid, _, event in backlog:
+                if sid not in self._failed:
+                    unstored.setdefault(sid, event.seq)
+            self._unstored = unstored
+            return
+        if self._outage is not None:
+            log.warning("session store %s is back: %d kept events written",
+                        self._where, len(backlog))
+        self._backlog, self._outage, self._unstored = [], None, {}
+        self._retry_delay = _RETRY_FIRST
+
+    def _not_yet_stored(self, backlog: builtins.list[_Append]) -> builtins.list[_Append]:
+        """``backlog`` without what the server committed before the connection broke (a
+        commit whose answer was lost)."""
+        sids = sorted({sid for sid, _, _ in backlog})
+        try:
+            stored = dict(self._db.execute(
+                "SELECT session_id, max(seq) FROM agentloop_events"
+                " WHERE session_id = ANY(%s) GROUP BY session_id",
+                (sids,),
+            ).fetchall())
+        except (psycopg.Error, PersistenceError) as exc:
+            raise _LostError(self._lost_reason(exc)) from exc
+        return [a for a in backlog if a[2].seq > stored.get(a[0], -_INT64)]
+
+    def _lost_reason(self, exc: BaseException) -> str:
+        if isinstance(exc, PersistenceError):
+            return str(exc)
+        return f"the connection to {self._where} failed: {self._scrub(str(exc).strip())}"
+
+    def _connection_lost(self) -> bool:
+        conn = self._conn
+        return conn is None or conn.closed or conn.broken
 
     def _write(self, appends: builtins.list[_Append]) -> None:
         failed = self._failed
@@ -905,7 +1017,11 @@ class PostgresSessionStore:
             return
         try:
             self._insert(rows)
-        except psycopg.Error:
+        except PersistenceError as exc:  # reconnecting failed
+            raise _LostError(self._lost_reason(exc)) from exc
+        except psycopg.Error as exc:
+            if self._connection_lost():
+                raise _LostError(self._lost_reason(exc)) from exc
             # Find the rows at fault, keeping every session's rows before them.
             for sid, session_rows in rows.items():
                 self._insert_each(sid, session_rows)
@@ -932,7 +1048,11 @@ class PostgresSessionStore:
         for row in rows:
             try:
                 self._insert({sid: [row]})
+            except PersistenceError as exc:
+                raise _LostError(self._lost_reason(exc)) from exc
             except psycopg.Error as exc:
+                if self._connection_lost():
+                    raise _LostError(self._lost_reason(exc)) from exc
                 self._fail(sid, row[1], row[3], exc)
                 return
 
