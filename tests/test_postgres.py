@@ -1353,3 +1353,74 @@ async def test_an_outage_tells_the_sessions_owner_and_the_runtime_writes_on_afte
                 (e.seq, e.type, e.data) for e in agent.session.events
             ]
             check_log_invariants(stored)
+
+
+# --- the command line on PostgreSQL ---------------------------------------------------------
+
+
+def _cli_toml(tmp_path: Path, url: str, dsn: str) -> Path:
+    path = tmp_path / "agentloop.toml"
+    path.write_text(
+        f'[providers.fake]\nkind = "openai"\nbase_url = "{url}"\nmodel = "fake-model"\n\n'
+        f'[persistence]\nbackend = "postgres"\ndsn = "{dsn}"\n'
+    )
+    return path
+
+
+async def _agentloop(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+    with trio.fail_after(60):
+        return await trio.run_process(
+            [sys.executable, "-m", "agentloop", *args],
+            capture_stdout=True, capture_stderr=True, check=False, env=env,
+            stdin=subprocess.DEVNULL,
+        )
+
+
+async def test_run_with_a_postgres_config_stores_there_and_resumes(
+    fake: Any, tmp_path: Path, dsn: str
+) -> None:
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path / "data")}
+    config = str(_cli_toml(tmp_path, fake.url, dsn))
+    first = await _agentloop("run", "--config", config, "--session", "pg1", "hello", env=env)
+    assert first.returncode == 0, first.stderr.decode()
+    again = await _agentloop("run", "--config", config, "--resume", "pg1", "more", env=env)
+    assert again.returncode == 0, again.stderr.decode()
+    async with PostgresSessionStore.open_read_only(dsn) as store:
+        events = (await store.load("pg1")).events
+    assert [e.data["content"] for e in events if e.type == "user/message"] == ["hello", "more"]
+    assert [e.data["reason"] for e in events if e.type == "turn/end"] == ["completed"] * 2
+    # Nothing went to a file beside the configured store.
+    assert not list(tmp_path.rglob("*.db")) and not list(Path.cwd().glob("*.db"))
+    for done in (first, again):
+        assert PASSWORD not in done.stderr.decode() + done.stdout.decode()
+
+
+async def test_run_with_an_unreachable_postgres_store_refuses_with_exit_2(
+    fake: Any, tmp_path: Path, cluster: Cluster
+) -> None:
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path / "data")}
+    dead = f"postgresql://agentloop:{PASSWORD}@127.0.0.1:{_free_port()}/postgres"
+    config = str(_cli_toml(tmp_path, fake.url, dead))
+    for command in (["run", "hello"], ["chat"]):
+        done = await _agentloop(*command, "--config", config, env=env)
+        stderr = done.stderr.decode()
+        assert done.returncode == 2, stderr
+        assert "session store" in stderr and PASSWORD not in stderr
+        assert fake.requests == []  # no turn ran unstored
+
+
+async def test_the_postgres_page_code_stores_a_session(dsn: str) -> None:
+    from test_docs_config import python_blocks
+
+    [block] = python_blocks("postgres.md")
+    done = await _agentloop_python(block, {**os.environ, "AGENTLOOP_DSN": dsn})
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode() == "stored\n"
+    async with PostgresSessionStore.open_read_only(dsn) as store:
+        assert await store.exists("docs-pg")
+
+
+async def _agentloop_python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+    with trio.fail_after(60):
+        return await trio.run_process([sys.executable, "-c", code], capture_stdout=True,
+                                      capture_stderr=True, check=False, env=env)
