@@ -1376,6 +1376,10 @@ async def _agentloop(*args: str, env: dict[str, str]) -> subprocess.CompletedPro
         )
 
 
+def _sqlite_files(home: Path) -> list[Path]:
+    return [*home.rglob("*.db"), *Path.cwd().glob("*.db")]
+
+
 async def test_run_with_a_postgres_config_stores_there_and_resumes(
     fake: Any, tmp_path: Path, dsn: str
 ) -> None:
@@ -1390,7 +1394,7 @@ async def test_run_with_a_postgres_config_stores_there_and_resumes(
     assert [e.data["content"] for e in events if e.type == "user/message"] == ["hello", "more"]
     assert [e.data["reason"] for e in events if e.type == "turn/end"] == ["completed"] * 2
     # Nothing went to a file beside the configured store.
-    assert not list(tmp_path.rglob("*.db")) and not list(Path.cwd().glob("*.db"))
+    assert not _sqlite_files(tmp_path)
     for done in (first, again):
         assert PASSWORD not in done.stderr.decode() + done.stdout.decode()
 
