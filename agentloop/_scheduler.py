@@ -14,7 +14,7 @@ import inspect
 import json
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -120,7 +120,8 @@ class _Run:
     async def _prelude(self, slot: _Slot) -> None:
         """Log the call and decide whether it may run; sets ``slot.result`` when it may not,
         or parks it when it needs an answer nobody gave yet."""
-        self._log_call(slot)
+        if not slot.logged:
+            self._log_call(slot)
         if not self._check(slot):
             return
         call, tool, bus = slot.call, slot.tool, self.rt.bus
@@ -443,6 +444,10 @@ class _Run:
     async def _dispatch(self, nursery: trio.Nursery, slot: _Slot) -> None:
         assert slot.tool is not None
         assert slot.arguments is not None
+        if not slot.tool.idempotent:
+            # Write-ahead: a crash after the body starts finds the call in the log and does
+            # not let the model's step run it a second time (crashed_turn = "continue").
+            await self.runner.flush(self.session.last_seq)
         mode = slot.tool.mode_for(slot.arguments)
         if mode == "parallel":
             if self.bound is None:
@@ -466,7 +471,8 @@ class _Run:
             await self._dispatch_ready(nursery)
             if slot.parked or slot.deferred:
                 continue  # parked in an earlier turn: answered through the ready queue
-            await self._prelude(slot)
+            if slot.result is None:
+                await self._prelude(slot)
             if slot.result is None and not slot.parked:
                 await self._dispatch(nursery, slot)
             await self._emit_ready()
@@ -552,9 +558,18 @@ def _to_result(value: object) -> ToolResult:
     return ToolResult(text)
 
 
-async def run_tool_calls(runner: ToolRunner, turn: int, calls: Sequence[ToolCall]) -> int:
-    """Run one step's calls; returns the peak number of calls that ran at once."""
+async def run_tool_calls(
+    runner: ToolRunner, turn: int, calls: Sequence[ToolCall], *,
+    logged: Collection[str] = (), answered: Mapping[str, ToolResult] | None = None,
+) -> int:
+    """Run one step's calls; returns the peak number of calls that ran at once. Calls named
+    in ``logged`` already have their ``tool/call``, those in ``answered`` are not run and get
+    that result (a crashed turn's calls, taken up again), in order with the others."""
     run = _Run(runner, turn, calls)
+    for slot in run.slots:
+        slot.logged = slot.call.id in logged
+        if answered is not None:
+            slot.result = answered.get(slot.call.id)
     await run.run()
     return run.peak
 
