@@ -1428,3 +1428,17 @@ async def _agentloop_python(code: str, env: dict[str, str]) -> subprocess.Comple
     with trio.fail_after(60):
         return await trio.run_process([sys.executable, "-c", code], capture_stdout=True,
                                       capture_stderr=True, check=False, env=env)
+
+
+# --- a crashed turn that continues, on PostgreSQL -------------------------------------------
+
+
+@pytest.mark.parametrize("stop", range(0, 17, 2))
+async def test_a_turn_killed_anywhere_continues_in_a_fresh_process_on_postgres(
+    dsn: str, tmp_path: Path, stop: int
+) -> None:
+    from crash_continue_child import CHECKPOINTS
+    from test_crash_continue import crash_then_continue
+
+    assert len(CHECKPOINTS) == 17
+    await crash_then_continue(dsn, tmp_path / "effects", stop, tmp_path / "child.log")
