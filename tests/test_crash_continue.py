@@ -91,3 +91,62 @@ async def test_a_turn_killed_anywhere_continues_in_a_fresh_process_on_sqlite(
     await crash_then_continue(
         str(tmp_path / "sessions.db"), tmp_path / "effects", stop, tmp_path / "child.log"
     )
+
+
+@pytest.mark.slow
+async def test_the_setting_makes_a_configured_agent_continue_its_crashed_turn(
+    tmp_path: Path,
+) -> None:
+    db, effects = tmp_path / "sessions.db", tmp_path / "effects"
+    stop = CHECKPOINTS.index("charge-start")
+    await kill_when_ready(
+        [sys.executable, str(CHILD), str(db), str(effects), str(stop)], tmp_path / "child.log"
+    )
+
+    async def model_and_tools(ctx: agentloop.Context) -> None:
+        # A plugin: registered before the configured agents start (and continue).
+        ctx.llm.register("child", script(None))
+        register_tools(ctx, None, effects)
+
+    settings = {
+        **config(str(db)),
+        "agent-loop": {"crashed_turn": "continue"},
+        "agents": [{"id": "worker", "provider": "child", "model": "m", "session_id": SESSION}],
+    }
+    async with agentloop.open_runtime(settings, plugins=[model_and_tools]) as rt:
+        agent = rt.agents.get(SESSION)
+        assert agent is not None
+        with trio.fail_after(20):
+            await agent.wait_idle()
+        check_outcome(agent, effects, "charge-start")
+
+
+async def test_crashed_turn_must_be_close_or_continue(tmp_path: Path) -> None:
+    async with agentloop.open_runtime(config(str(tmp_path / "s.db"))) as rt:
+        with pytest.raises(agentloop.SettingsError, match="'close' or 'continue'"):
+            rt.settings.set("agent-loop.crashed_turn", "resume")
+        assert rt.settings.get("agent-loop.crashed_turn") == "close"
+        with pytest.raises(agentloop.InvalidOptions, match="'close' or 'continue', got 'later'"):
+            await rt.agents.resume(
+                resume_session_id="nobody", crashed_turn="later"  # type: ignore[arg-type]
+            )
+
+
+async def test_continue_on_a_session_without_an_open_turn_resumes_it_idle(
+    tmp_path: Path,
+) -> None:
+    cfg = config(str(tmp_path / "s.db"))
+    async with agentloop.open_runtime(cfg) as rt:
+        rt.llm.register("child", script(None))
+        register_tools(rt, None, tmp_path / "effects")
+        handle = await rt.agents.create(session_id=SESSION, agent_options=OPTIONS)
+        result = await handle.agent.ask("do the long job")
+        assert result.text == ANSWER
+        await handle.aclose()
+        handle = await rt.agents.resume(
+            resume_session_id=SESSION, agent_options=OPTIONS, crashed_turn="continue"
+        )
+        await handle.agent.wait_idle()
+        assert handle.agent.status == "idle"
+        assert not [e for e in handle.agent.session.events if e.type == "turn/resumed"]
+        await handle.aclose()
