@@ -105,6 +105,7 @@ class _Run:
         self.changed = trio.Event()
         self.peak = 0
         self.bound: int | None = None
+        self.stored = False  # the step's anchor is flushed (write-ahead of its calls)
 
     def notify(self) -> None:
         """An answer arrived (from ``agent.approve``/``deny``): wake the dispatcher."""
@@ -444,10 +445,12 @@ class _Run:
     async def _dispatch(self, nursery: trio.Nursery, slot: _Slot) -> None:
         assert slot.tool is not None
         assert slot.arguments is not None
-        if not slot.tool.idempotent:
-            # Write-ahead: a crash after the body starts finds the call in the log and does
-            # not let the model's step run it a second time (crashed_turn = "continue").
+        if not slot.tool.idempotent and not self.stored:
+            # Write-ahead: a crash after the body starts finds the call (in its step's
+            # anchor) in the log, and crashed_turn="continue" answers it rather than let the
+            # model's step run it a second time. Once per run: the anchor holds every call.
             await self.runner.flush(self.session.last_seq)
+            self.stored = True
         mode = slot.tool.mode_for(slot.arguments)
         if mode == "parallel":
             if self.bound is None:
