@@ -33,6 +33,7 @@ from ._events import (
     Reject,
     Replace,
     SessionFlush,
+    SessionPersistenceFailed,
     Stop,
 )
 from ._inbox import TARGETS, Inbox, InboxState, Target
@@ -60,7 +61,7 @@ from ._scheduler import (
     run_suspended_calls,
     run_tool_calls,
 )
-from ._session import Session
+from ._session import Continuation, Session, continue_crashed_turn, interrupted_by_crash
 from ._settings import APPROVAL_TIMEOUT
 from ._util import NoPublicConstructor
 
@@ -176,7 +177,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         )
         self._runner = ToolRunner(
             services, session, session.id, Approvals(self._wake_idle_waiters),
-            self._stopping,
+            self._stopping, self._flush,
         )
 
     def __repr__(self) -> str:
@@ -570,16 +571,23 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         # even a cancelled one: cancel() answers them ABORTED_BEFORE_DISPATCH there.
         approvals = self._runner.approvals
         resuming = any(approvals.answered(p.call_id) for p in self.session.awaiting_approval)
-        if not resuming and (
+        crashed = None if resuming else self.session.open_turn()
+        if crashed is None and not resuming and (
             scope.cancel_called or not (self._inbox.next_turn or self._inbox.waking)
         ):
             # Cancelled before it began, or its input was removed: no durable turn.
             await trio.lowlevel.checkpoint()
             return
-        turn = _Turn(self.session.turns + 1, started=trio.current_time())
-        self.session.append(_log.TURN_START, _log.turn_start(turn.number), turn.number)
+        going_on = None
+        if crashed is not None:
+            # Resumed with crashed_turn="continue": the open turn goes on where it stopped.
+            turn = _Turn(crashed, started=trio.current_time())
+            going_on = continue_crashed_turn(self.session, self._idempotent)
+        else:
+            turn = _Turn(self.session.turns + 1, started=trio.current_time())
+            self.session.append(_log.TURN_START, _log.turn_start(turn.number), turn.number)
         # A resuming turn claims no prompt: queued input waits for the turn after it.
-        claimed = () if resuming else self._claim(turn.number, boundary=True)
+        claimed = () if resuming or going_on else self._claim(turn.number, boundary=True)
         if resuming:
             turn.output = self._suspended_output()
         elif self._outputs:
@@ -589,7 +597,9 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                     turn.output = spec
         try:
             with scope:
-                turn.reason = await self._run_turn(turn, claimed, resuming=resuming)
+                turn.reason = await self._run_turn(
+                    turn, claimed, resuming=resuming, going_on=going_on
+                )
         except Exception as exc:  # noqa: BLE001 - a failing hook ends the turn, not the loop
             turn.reason, turn.error = "error", exc
             log.warning("agent %s: turn %d failed: %r", self.id, turn.number, exc)
@@ -663,20 +673,22 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         if bus.has_handlers(SessionFlush):
             try:
                 await bus.emit(SessionFlush(self.id, seq))
-            except Exception:
+            except Exception as exc:
+                # The store keeps what it can and says so; the session's owner hears it here.
                 log.exception("agent %s: flushing up to seq %d failed", self.id, seq)
+                self._services.emit(SessionPersistenceFailed(self.id, seq, str(exc)))
 
     async def _run_turn(
-        self, turn: _Turn, claimed: tuple[InboxMessage, ...], *, resuming: bool = False
+        self, turn: _Turn, claimed: tuple[InboxMessage, ...], *, resuming: bool = False,
+        going_on: Continuation | None = None,
     ) -> str:
         bus, runner = self._services.bus, self._runner
         step = 0
         entering = claimed
-        if resuming:
-            # First the results of the calls a suspended turn left, then the step loop
-            # goes on as after any tool step.
-            await run_suspended_calls(runner, turn.number)
-            await trio.lowlevel.checkpoint_if_cancelled()
+        if resuming or going_on is not None:
+            step, done = await self._take_up(turn, going_on)
+            if done:
+                return "completed"
             entering = self._claim(turn.number, boundary=False)
         while True:
             step += 1
@@ -737,6 +749,37 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             if not proceed:
                 return "max-tokens" if turn.max_tokens else "completed"
             entering = self._claim(turn.number, boundary=False)
+
+    async def _take_up(self, turn: _Turn, going_on: Continuation | None) -> tuple[int, bool]:
+        """Before the step loop of a turn that goes on: a suspended turn's answered calls,
+        or a crashed turn's idempotent calls run again. Returns the last step taken, and
+        whether the crashed turn's answer was already complete."""
+        runner = self._runner
+        if going_on is None:
+            # First the results of the calls a suspended turn left, then the step loop
+            # goes on as after any tool step.
+            await run_suspended_calls(runner, turn.number)
+            await trio.lowlevel.checkpoint_if_cancelled()
+            return 0, False
+        calls = [c for c, _ in going_on.calls]
+        if calls:
+            logged = {c.id for c, was_logged in going_on.calls if was_logged}
+            lost = {c.id: interrupted_by_crash(c) for c in calls if c.id in going_on.interrupted}
+            await run_tool_calls(runner, turn.number, calls, logged=logged, answered=lost)
+            turn.tool_calls += len(calls)
+            await trio.lowlevel.checkpoint_if_cancelled()
+        return going_on.step, going_on.answered and not calls
+
+    def _idempotent(self, name: str) -> bool:
+        tool = self._services.tools.lookup(name, self.id)
+        return tool is not None and tool.idempotent
+
+    def continue_crashed_turn(self) -> None:
+        """Take up the turn the resumed log left open (``crashed_turn="continue"``): the
+        agent runs it at once, as if input had arrived."""
+        if self._status == "idle":
+            self._admit()
+            self._inbox.turn_tx.send_nowait(_WAKE)
 
     def _answer_final(
         self, turn: int, verdict: Verdict, calls: tuple[ToolCall, ...], problem: str | None

@@ -18,7 +18,7 @@ from typing import Any, Final, Literal, Protocol, Self, cast, final
 import attrs
 import trio
 
-from ._agent import CLOSE_GRACE, Agent, current_agent
+from ._agent import CLOSE_GRACE, Agent, _freeze_content, current_agent
 from ._bus import Disposer
 from ._errors import AgentDisposed as AgentDisposedError
 from ._errors import (
@@ -39,12 +39,14 @@ from ._events import (
     SessionCreated,
     SessionDisposed,
 )
+from ._inbox import TARGETS
 from ._inputs import check_meta, check_seed
 from ._json import FrozenDict, freeze
 from ._lifecycle import Lifecycle
 from ._model import AgentOptions, CallConfig, SessionEvent
 from ._services import LeaseClaim, Services
 from ._session import Session, recover_crashed_turn, validate_session_id
+from ._settings import CRASHED_TURN
 from ._util import NoPublicConstructor, construct
 
 __all__ = [
@@ -461,6 +463,12 @@ class SessionsService:
         agent = self._supervisor.agents.get(session_id)
         if agent is not None:
             return agent.send(content, source=source, target=target, wakeup=wakeup)
+        # Refused here exactly as a local inbox refuses it: what the store commits for
+        # another runtime must be deliverable there, or it would be lost at delivery.
+        if target not in TARGETS:
+            raise InvalidContent(f"target: must be 'next-turn' or 'next-step', got {target!r}")
+        content = _freeze_content(content)
+        source = freeze(source, path="source")
         route = getattr(self._services.persistence, "send", None)
         if route is None:
             raise SessionNotFound(
@@ -525,8 +533,17 @@ class AgentsService:
         resume_session_id: str,
         agent_options: AgentOptions | None = None,
         setup: Setup | None = None,
+        crashed_turn: Literal["close", "continue"] | None = None,
     ) -> AgentHandle:
         """Load a persisted session and publish an agent that continues it.
+
+        ``crashed_turn`` says what becomes of a turn a crash left open (default: the
+        setting ``agent-loop.crashed_turn``, itself ``"close"`` by default). ``"close"`` ends
+        it ``aborted`` with cause ``crash``. ``"continue"`` goes on where it stopped: a
+        ``turn/resumed`` event records the crash point, a cut reply keeps its seen prefix as
+        interrupted, calls without a result run again when their tool is idempotent and are
+        answered ``INTERRUPTED_BY_CRASH`` otherwise, then the step loop continues. A turn
+        whose calls await approval is suspended as with ``"close"``.
 
         Raises:
             PersistenceUnavailable: no persistence backend is loaded.
@@ -542,10 +559,18 @@ class AgentsService:
             )
         if resume_session_id in self._supervisor.agents:
             raise SessionIdInUse(f"session {resume_session_id!r} is already driven by a live agent")
-        return await Creation(
+        if crashed_turn is None:
+            crashed_turn = self._services.settings.get(CRASHED_TURN)
+        elif crashed_turn not in ("close", "continue"):
+            raise InvalidOptions(
+                f"crashed_turn must be 'close' or 'continue', got {crashed_turn!r}"
+            )
+        creation = Creation(
             self._services, self._supervisor, self._scope, resume_session_id, agent_options,
             setup, resumed=True,
-        ).run(FrozenDict(), [])
+        )
+        creation.crashed_turn = crashed_turn
+        return await creation.run(FrozenDict(), [])
 
 
 RecoverChildren = Callable[
@@ -576,6 +601,8 @@ class Creation:
         self.token = LeaseClaim()
         self.leased = False
         self.agent: Agent | None = None
+        self.crashed_turn = "close"
+        self.going_on = False  # a crashed turn is left open for the agent to take up
 
     async def run(self, meta: FrozenDict, events: list[SessionEvent]) -> AgentHandle:
         services = self.services
@@ -628,8 +655,13 @@ class Creation:
         session = Session(session_id, meta, self.services.bus)
         session.load(events)
         if self.resumed:
-            # Recovered before setup, so whoever gets the handle sees a valid history.
-            recover_crashed_turn(session)
+            self.going_on = (
+                self.crashed_turn == "continue" and session.open_turn() is not None
+                and not session.awaiting_approval
+            )
+            if not self.going_on:
+                # Recovered before setup, so whoever gets the handle sees a valid history.
+                recover_crashed_turn(session)
             proposal = resumed_config(session, self.options)
         return session, proposal
 
@@ -649,6 +681,8 @@ class Creation:
             # The crash that left this turn open left its sub-agents' turns open too, and
             # took its jobs' registry; both are mended before setup sees the agent.
             owed = await Creation.recover_children(services, supervisor, agent, scope)
+        if self.going_on:
+            owed.append(Agent.continue_crashed_turn)
         if self.setup is not None:
             # The actor runs from here, so the children its setup spawns run under it.
             await supervisor.start_early(agent, self.parent)

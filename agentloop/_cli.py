@@ -256,6 +256,8 @@ class Plan:
     options: AgentOptions
     load_local: bool
     quiet: bool = False
+    postgres: bool = False  # db is a PostgreSQL connection string
+    lease_seconds: float | None = None  # of the configured store
 
 
 def _positive_int(text: str) -> int:
@@ -279,11 +281,14 @@ def make_plan(args: argparse.Namespace, environ: Mapping[str, str]) -> Plan:
     config = load_config(args.config) if args.config else Config()
     route = choose_route(args.provider, args.model, config, environ)
     db: str | None = None
+    stored = config.persistence
     if not args.no_persist:
         if args.db:
-            db = os.path.expanduser(args.db)
-        elif config.persistence is not None:
-            db = os.path.expanduser(config.persistence.path)
+            db = args.db if _is_dsn(args.db) else os.path.expanduser(args.db)
+        elif stored is not None and stored.backend == "postgres":
+            db = stored.dsn  # validated by the config: never the throwaway file of path ""
+        elif stored is not None:
+            db = os.path.expanduser(stored.path)
         else:
             db = _default_db()
     local_names = ("local", "agentloop_local")
@@ -307,7 +312,35 @@ def make_plan(args: argparse.Namespace, environ: Mapping[str, str]) -> Plan:
         options=options,
         load_local=route.source == "local" and not configured_local,
         quiet=args.quiet,
+        postgres=db is not None and (
+            _is_dsn(db) or (not args.db and stored is not None and stored.backend == "postgres")
+        ),
+        lease_seconds=stored.lease_seconds if stored is not None else None,
     )
+
+
+def _is_dsn(db: str) -> bool:
+    """Whether ``--db`` (or the chosen store) names a PostgreSQL database, not a file."""
+    return db.startswith(("postgresql://", "postgres://"))
+
+
+def _store_plugin(plan: Plan) -> Any:
+    """The persistence plugin for ``plan.db``: PostgreSQL for a DSN, else SQLite."""
+    assert plan.db is not None
+    if plan.postgres:
+        try:
+            from agentloop_postgres import postgres
+        except ImportError:
+            raise CliError(
+                "a PostgreSQL store needs the 'postgres' extra: pip install 'agentloop[postgres]'",
+                EXIT_USAGE,
+            ) from None
+        if plan.lease_seconds is not None:
+            return postgres(plan.db, lease_seconds=plan.lease_seconds)
+        return postgres(plan.db)
+    from agentloop_sqlite import sqlite
+
+    return sqlite(plan.db)
 
 
 # --- output ---------------------------------------------------------------------------------
@@ -550,9 +583,7 @@ async def _runtime(
     plugins: list[Any] = [watch_plugins, *plan.config.plugins]
     store_name = None
     if plan.db is not None:
-        from agentloop_sqlite import sqlite
-
-        store = sqlite(plan.db)
+        store = _store_plugin(plan)
         store_name = getattr(store, "__name__", None)
         plugins.append(store)
     if plan.load_local:

@@ -215,6 +215,19 @@ class SessionDisposed(Event):
 
 
 @attrs.frozen(slots=True)
+class SessionPersistenceFailed(Event):
+    """A flush of the session's log failed: events up to that point may not be stored yet
+    (the store is unreachable, or refused them). ``message`` is the store's error, naming
+    the session; the driver keeps running."""
+
+    name: ClassVar[str] = "session/persistence-failed"
+    kind: ClassVar[Kind] = "control"
+    session_id: str
+    seq: int
+    message: str
+
+
+@attrs.frozen(slots=True)
 class AgentCreated(Event):
     """An agent was published. Always paired with exactly one later ``agent/disposed``."""
 

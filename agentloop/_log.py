@@ -25,10 +25,12 @@ __all__ = [
     "approval_answered", "ApprovalRequestedData", "ApprovalAnsweredData",
     "HISTORY_REPLACED", "history_replaced", "HistoryReplacedData", "message_json",
     "USAGE_KEYS", "TurnStartData", "SCHEMA", "failed_call",
+    "TURN_RESUMED", "turn_resumed", "TurnResumedData",
 ]
 
 TURN_START: Final = "turn/start"
 TURN_END: Final = "turn/end"
+TURN_RESUMED: Final = "turn/resumed"
 USER_MESSAGE: Final = "user/message"
 STEERING_MESSAGE: Final = "steering/message"
 REQUEST_HEADER: Final = "request/header"
@@ -52,6 +54,14 @@ USAGE_KEYS: Final = (
 
 class TurnStartData(TypedDict):
     turn: int
+
+
+class TurnResumedData(TypedDict):
+    turn: int
+    after_seq: int  # the last stored event before the crash
+    step: int | None  # the step the crash cut (its model call or its tools), if any
+    rerun: list[str]  # idempotent calls run again
+    interrupted: list[str]  # calls answered INTERRUPTED_BY_CRASH
 
 
 class ClaimedMessageData(TypedDict):
@@ -164,6 +174,15 @@ class TurnEndData(TypedDict, total=False):
 
 def turn_start(turn: int) -> FrozenDict:
     return FrozenDict(turn=turn)
+
+
+def turn_resumed(
+    turn: int, after_seq: int, step: int | None, rerun: tuple[str, ...],
+    interrupted: tuple[str, ...],
+) -> FrozenDict:
+    return FrozenDict(
+        turn=turn, after_seq=after_seq, step=step, rerun=rerun, interrupted=interrupted
+    )
 
 
 def turn_end(
@@ -341,6 +360,8 @@ def history_replaced(
 
 SCHEMA: Final[tuple[tuple[str, type, str], ...]] = (
     (TURN_START, TurnStartData, "a turn opens"),
+    (TURN_RESUMED, TurnResumedData,
+     "a turn a crash left open goes on in a new process (crashed_turn = \"continue\")"),
     (USER_MESSAGE, ClaimedMessageData, "a next-turn message is claimed"),
     (STEERING_MESSAGE, ClaimedMessageData, "a next-step message (steer or inject) is claimed"),
     (REQUEST_HEADER, RequestHeaderData, "before each model call: what is sent"),

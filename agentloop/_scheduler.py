@@ -14,7 +14,7 @@ import inspect
 import json
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -77,6 +77,8 @@ class ToolRunner:
     agent_id: str
     approvals: Approvals
     stopping: Callable[[], bool]
+    # Commits the session's log up to a seq (the agent's flush barrier).
+    flush: Callable[[int], Awaitable[None]]
 
 
 class _Run:
@@ -103,6 +105,7 @@ class _Run:
         self.changed = trio.Event()
         self.peak = 0
         self.bound: int | None = None
+        self.stored = False  # the step's anchor is flushed (write-ahead of its calls)
 
     def notify(self) -> None:
         """An answer arrived (from ``agent.approve``/``deny``): wake the dispatcher."""
@@ -118,7 +121,8 @@ class _Run:
     async def _prelude(self, slot: _Slot) -> None:
         """Log the call and decide whether it may run; sets ``slot.result`` when it may not,
         or parks it when it needs an answer nobody gave yet."""
-        self._log_call(slot)
+        if not slot.logged:
+            self._log_call(slot)
         if not self._check(slot):
             return
         call, tool, bus = slot.call, slot.tool, self.rt.bus
@@ -390,7 +394,12 @@ class _Run:
             if self.changed.is_set():
                 self.changed = trio.Event()
             # Waiting only for a person: the agent counts as settled for wait_idle().
-            blocked = self.in_flight == 0 and not self.ready and self.parked > 0
+            blocked = self._only_answers_missing()
+            if blocked:
+                # Durable before anyone is told: an application that sees the turn blocked
+                # (wait_idle returned, pending_approvals listed) may stop the process at once.
+                await self.runner.flush(self.session.last_seq)
+                blocked = not self.changed.is_set() and self._only_answers_missing()
             if blocked:
                 self.approvals.set_blocked(True)
             try:
@@ -405,6 +414,9 @@ class _Run:
                     self.approvals.set_blocked(False)
             self._take_answers()
         await self._emit_ready()
+
+    def _only_answers_missing(self) -> bool:
+        return self.in_flight == 0 and not self.ready and self.parked > 0
 
     async def run(self) -> None:
         failure: Exception | None = None
@@ -433,6 +445,12 @@ class _Run:
     async def _dispatch(self, nursery: trio.Nursery, slot: _Slot) -> None:
         assert slot.tool is not None
         assert slot.arguments is not None
+        if not slot.tool.idempotent and not self.stored:
+            # Write-ahead: a crash after the body starts finds the call (in its step's
+            # anchor) in the log, and crashed_turn="continue" answers it rather than let the
+            # model's step run it a second time. Once per run: the anchor holds every call.
+            await self.runner.flush(self.session.last_seq)
+            self.stored = True
         mode = slot.tool.mode_for(slot.arguments)
         if mode == "parallel":
             if self.bound is None:
@@ -456,7 +474,8 @@ class _Run:
             await self._dispatch_ready(nursery)
             if slot.parked or slot.deferred:
                 continue  # parked in an earlier turn: answered through the ready queue
-            await self._prelude(slot)
+            if slot.result is None:
+                await self._prelude(slot)
             if slot.result is None and not slot.parked:
                 await self._dispatch(nursery, slot)
             await self._emit_ready()
@@ -542,9 +561,18 @@ def _to_result(value: object) -> ToolResult:
     return ToolResult(text)
 
 
-async def run_tool_calls(runner: ToolRunner, turn: int, calls: Sequence[ToolCall]) -> int:
-    """Run one step's calls; returns the peak number of calls that ran at once."""
+async def run_tool_calls(
+    runner: ToolRunner, turn: int, calls: Sequence[ToolCall], *,
+    logged: Collection[str] = (), answered: Mapping[str, ToolResult] | None = None,
+) -> int:
+    """Run one step's calls; returns the peak number of calls that ran at once. Calls named
+    in ``logged`` already have their ``tool/call``, those in ``answered`` are not run and get
+    that result (a crashed turn's calls, taken up again), in order with the others."""
     run = _Run(runner, turn, calls)
+    for slot in run.slots:
+        slot.logged = slot.call.id in logged
+        if answered is not None:
+            slot.result = answered.get(slot.call.id)
     await run.run()
     return run.peak
 

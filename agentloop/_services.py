@@ -12,8 +12,8 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -44,13 +44,24 @@ class LeaseClaim:
         self.settled = trio.Event()
 
 
+def _setting_tables(config: Config) -> dict[str, Any]:
+    """``[settings]``, plus a top-level ``[agent-loop]`` table: the same keys, spelled as
+    ``[agent-loop] crashed_turn = "continue"``."""
+    tables = dict(config.settings)
+    loop = config.sections.get("agent-loop")
+    if isinstance(loop, Mapping):
+        inner = tables.get("agent-loop")
+        tables["agent-loop"] = {**(inner if isinstance(inner, Mapping) else {}), **loop}
+    return tables
+
+
 class Services:
     """The services of one runtime, shared by every scope, agent and plugin in it."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
         self.bus = EventBus()
-        self.settings = Settings(self.bus, flatten_settings(config.settings))
+        self.settings = Settings(self.bus, flatten_settings(_setting_tables(config)))
         self.llm = LLMService(self.bus)
         self.tools = ToolRegistry()
         self.prompt = SystemPrompt(config.system_prompt)

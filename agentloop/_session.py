@@ -11,21 +11,34 @@ replacement finds the messages its seqs produced.
 from __future__ import annotations
 
 import re
+import uuid
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from typing import Final, TypeVar, cast, overload
+
+import attrs
 
 from . import _log
 from ._bus import EventBus
 from ._errors import InvalidContent, PersistenceError
 from ._events import SessionEventAppended
 from ._json import FrozenDict
-from ._model import Content, HistorySnapshot, Message, PendingApproval, SessionEvent, ToolCall
+from ._model import (
+    Content,
+    HistorySnapshot,
+    Message,
+    PendingApproval,
+    SessionEvent,
+    ToolCall,
+    ToolResult,
+)
 
 _ROLES: Final = ("user", "assistant", "tool")
 
 __all__ = [
     "Session", "LogView", "HistoryView", "Reducer", "recover_crashed_turn", "validate_session_id",
+    "crash_point", "continue_crashed_turn", "Continuation", "CrashPoint", "INTERRUPTED_BY_CRASH",
+    "interrupted_by_crash",
     "pairing_problem",
 ]
 
@@ -319,6 +332,16 @@ class Session:
     def last_seq(self) -> int:
         return len(self._log)
 
+    def open_turn(self) -> int | None:
+        """The number of the turn the log leaves open (a crash's, before it is closed or
+        taken up), or None. Read back from the end: a closed log ends near its turn/end."""
+        for event in reversed(self._log):
+            if event.type == _log.TURN_END:
+                return None
+            if event.type == _log.TURN_START:
+                return event.turn
+        return None
+
     def messages(self) -> HistoryView:
         """The derived history sent to the model (an O(1) immutable snapshot)."""
         return HistoryView(self._history, len(self._history), self._gen, self)
@@ -570,6 +593,78 @@ class Session:
         return f"<Session {self.id!r} events={len(self._log)}>"
 
 
+@attrs.frozen(slots=True)
+class CrashPoint:
+    """Where a crash left a session's open turn: its number, the step it cut, the visible
+    chunks of a stream with no anchor yet, and whether the model's last reply in it was a
+    complete answer (nothing left to do but close the turn)."""
+
+    turn: int
+    step: int | None
+    cut: tuple[SessionEvent, ...]
+    answered: bool
+
+
+def crash_point(session: Session) -> CrashPoint | None:
+    """The open turn a crash left in ``session``'s log, or None when every turn is closed."""
+    open_turn: int | None = None
+    cut: list[SessionEvent] = []  # visible chunks of a stream with no anchor yet
+    step = None
+    answered = False
+    for event in session.events:
+        kind = event.type
+        if kind == "turn/start":
+            open_turn, cut, answered = event.turn, [], False
+        elif kind == "turn/end":
+            open_turn, cut = None, []
+        elif kind == "request/header":
+            cut, step, answered = [], event.data.get("step"), False
+        elif kind == "assistant/chunk":
+            if event.data.get("kind") in ("text", "reasoning"):
+                cut.append(event)
+        elif kind == "assistant/message":
+            cut = []
+            answered = not event.data.get("tool_calls") and not event.data.get("interrupted")
+        elif kind in ("user/message", "steering/message", "tool/result"):
+            answered = False
+    if open_turn is None:
+        return None
+    return CrashPoint(open_turn, step, tuple(cut), answered and not cut)
+
+
+def _keep_cut_stream(session: Session, point: CrashPoint) -> None:
+    # A stream cut by the crash keeps what the user saw, as a cancelled one does.
+    cut = point.cut
+    if not cut:
+        return
+    session.append(
+        _log.ASSISTANT_MESSAGE,
+        _log.assistant_message(
+            step=point.step,
+            content="".join(e.data["delta"] for e in cut if e.data["kind"] == "text"),
+            reasoning="".join(e.data["delta"] for e in cut if e.data["kind"] == "reasoning")
+            or None,
+            reasoning_signature=None,
+            tool_calls=(),
+            source_event_seqs=tuple(e.seq for e in cut),
+            finish_reason=None,
+            usage=None,
+            interrupted=True,
+        ),
+        point.turn,
+    )
+
+
+def _answer_interrupted(
+    session: Session, turn: int, call: ToolCall, logged: bool, code: str, text: str
+) -> None:
+    if not logged:
+        session.append(_log.TOOL_CALL, _log.tool_call(call), turn)
+    session.append(
+        _log.TOOL_RESULT, _log.tool_result(call, text, is_error=True, error_code=code), turn
+    )
+
+
 def recover_crashed_turn(session: Session) -> None:
     """Close a turn a crash left open, so the history is valid for every provider.
 
@@ -579,54 +674,87 @@ def recover_crashed_turn(session: Session) -> None:
     and pending. Then ``turn/end`` records ``aborted`` (``suspended`` when calls await
     approval) with cause ``crash``.
     """
-    open_turn: int | None = None
-    cut: list[SessionEvent] = []  # visible chunks of a stream with no anchor yet
-    step = None
-    for event in session.events:
-        kind = event.type
-        if kind == "turn/start":
-            open_turn, cut = event.turn, []
-        elif kind == "turn/end":
-            open_turn, cut = None, []
-        elif kind == "request/header":
-            cut, step = [], event.data.get("step")
-        elif kind == "assistant/chunk":
-            if event.data.get("kind") in ("text", "reasoning"):
-                cut.append(event)
-        elif kind == "assistant/message":
-            cut = []
-    if open_turn is None:
+    point = crash_point(session)
+    if point is None:
         return
-    if cut:
-        session.append(
-            _log.ASSISTANT_MESSAGE,
-            _log.assistant_message(
-                step=step,
-                content="".join(e.data["delta"] for e in cut if e.data["kind"] == "text"),
-                reasoning="".join(e.data["delta"] for e in cut if e.data["kind"] == "reasoning")
-                or None,
-                reasoning_signature=None,
-                tool_calls=(),
-                source_event_seqs=tuple(e.seq for e in cut),
-                finish_reason=None,
-                usage=None,
-                interrupted=True,
-            ),
-            open_turn,
-        )
+    open_turn = point.turn
+    _keep_cut_stream(session, point)
     awaiting = {p.call_id for p in session.awaiting_approval}
     for call, logged in session.unanswered:
         if call.id in awaiting:
             continue  # still the person's to answer: pending again once resumed
-        if not logged:
-            session.append(_log.TOOL_CALL, _log.tool_call(call), open_turn)
-        session.append(
-            _log.TOOL_RESULT,
-            _log.tool_result(
-                call, "Error: the process stopped before this call finished",
-                is_error=True, error_code="INTERRUPTED",
-            ),
-            open_turn,
-        )
+        _answer_interrupted(session, open_turn, call, logged, "INTERRUPTED",
+                            "Error: the process stopped before this call finished")
     reason = "suspended" if awaiting else "aborted"
     session.append(_log.TURN_END, _log.turn_end(open_turn, reason, cause="crash"), open_turn)
+
+
+INTERRUPTED_BY_CRASH: Final = "INTERRUPTED_BY_CRASH"
+CUT_BY_CRASH: Final = (
+    "Your previous reply was cut off when the process running this conversation stopped."
+    " Continue from where it stopped."
+)
+
+
+def interrupted_by_crash(call: ToolCall) -> ToolResult:
+    """The answer to a call a crash cut that is not run again (its tool is not idempotent)."""
+    return ToolResult.error(
+        INTERRUPTED_BY_CRASH,
+        f"the process stopped while {call.name!r} ran, and it was not run again (it is not"
+        " idempotent): it may or may not have taken effect",
+    )
+
+
+@attrs.frozen(slots=True)
+class Continuation:
+    """A crashed turn taken up again: the calls to run again, and where its steps go on."""
+
+    turn: int
+    step: int
+    # Every call the crash left without a result, in the model's order, with whether its
+    # tool/call is logged; those in ``interrupted`` are answered INTERRUPTED_BY_CRASH, the
+    # others (idempotent) run again.
+    calls: tuple[tuple[ToolCall, bool], ...]
+    interrupted: frozenset[str]
+    answered: bool
+
+
+def continue_crashed_turn(
+    session: Session, idempotent: Callable[[str], bool]
+) -> Continuation | None:
+    """Take up the turn a crash left open: record ``turn/resumed`` at the crash point and
+    keep a cut stream's seen prefix as interrupted. Returns the calls without a result: the
+    driver runs again those whose tool is ``idempotent(name)`` and answers the others
+    ``INTERRUPTED_BY_CRASH`` (so the model can decide), in the model's order. None when no
+    turn is open."""
+    point = crash_point(session)
+    if point is None:
+        return None
+    after = session.last_seq
+    unanswered = tuple(session.unanswered)
+    rerun = tuple((c, logged) for c, logged in unanswered if idempotent(c.name))
+    again = {c.id for c, _ in rerun}
+    lost = tuple((c, logged) for c, logged in unanswered if c.id not in again)
+    session.append(
+        _log.TURN_RESUMED,
+        _log.turn_resumed(
+            point.turn, after, point.step, tuple(c.id for c, _ in rerun),
+            tuple(c.id for c, _ in lost),
+        ),
+        point.turn,
+    )
+    _keep_cut_stream(session, point)
+    if point.cut:
+        # Two assistant replies in a row are refused by some providers: the model is told,
+        # between them, why its reply stops short.
+        session.append(
+            _log.STEERING_MESSAGE,
+            _log.claimed_message(
+                f"msg_{uuid.uuid4().hex[:20]}", CUT_BY_CRASH, FrozenDict(kind="crashed-turn")
+            ),
+            point.turn,
+        )
+    return Continuation(
+        point.turn, point.step or 0, unanswered, frozenset(c.id for c, _ in lost),
+        point.answered,
+    )

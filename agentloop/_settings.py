@@ -10,10 +10,11 @@ from ._bus import EventBus
 from ._errors import SettingsError
 from ._events import SettingChanged
 
-__all__ = ["Settings", "MAX_PARALLEL_TOOL_CALLS", "APPROVAL_TIMEOUT"]
+__all__ = ["Settings", "MAX_PARALLEL_TOOL_CALLS", "APPROVAL_TIMEOUT", "CRASHED_TURN"]
 
 MAX_PARALLEL_TOOL_CALLS = "agent-loop.max_parallel_tool_calls"
 APPROVAL_TIMEOUT = "agent-loop.approval_timeout"
+CRASHED_TURN = "agent-loop.crashed_turn"
 
 
 def _positive_int(key: str, value: object) -> int:
@@ -33,9 +34,16 @@ def _positive_seconds_or_none(key: str, value: object) -> float | None:
     return value
 
 
+def _crashed_turn(key: str, value: object) -> str:
+    if value not in ("close", "continue"):
+        raise SettingsError(f"{key}: must be 'close' or 'continue', got {value!r}")
+    return str(value)
+
+
 _SCHEMA: dict[str, tuple[Callable[[str, object], Any], Any]] = {
     MAX_PARALLEL_TOOL_CALLS: (_positive_int, 10),
     APPROVAL_TIMEOUT: (_positive_seconds_or_none, None),
+    CRASHED_TURN: (_crashed_turn, "close"),
     "subagents.max_depth": (_positive_int, 3),
     "subagents.max_children": (_positive_int, 8),
 }
@@ -49,6 +57,8 @@ class Settings:
     ``agent-loop.approval_timeout`` (positive seconds or ``None``, the default: no limit),
     ``subagents.max_depth`` and ``subagents.max_children`` (positive ints, defaults 3 and 8:
     how deep a tree of sub-agents may grow, and how many live children one agent may own);
+    ``agent-loop.crashed_turn`` (``"close"``, the default, or ``"continue"``: what resuming a
+    session does with the turn a crash left open, unless ``resume`` says), and
     ``agent-loop.approval_timeout``
     after which a call parked for approval is answered ``DENIED``, read whenever a parked
     call is checked, so a write applies to the calls already waiting.

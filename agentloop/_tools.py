@@ -104,6 +104,10 @@ class Tool:
         timeout: seconds before the call is abandoned with a ``TIMEOUT`` error result (a
             thread tool's thread is abandoned too).
         finalize_content: maps the result content before it is logged (e.g. truncation).
+        idempotent: running a call twice is safe: a call a crash left without a result is
+            run again when its turn continues (``resume(..., crashed_turn="continue")``);
+            otherwise it is answered ``INTERRUPTED_BY_CRASH``, and with persistence its
+            ``tool/call`` is stored before its body starts.
     """
 
     name: str
@@ -117,6 +121,7 @@ class Tool:
     to_kwargs: Callable[[Mapping[str, Any]], dict[str, Any]] | None = attrs.field(
         default=None, repr=False
     )
+    idempotent: bool = False
     # ``parameters`` compiled once per definition: ``attrs.evolve`` to a new schema builds a
     # new Tool and so a new validator; the frozen schema cannot change under this one.
     validate_arguments: Validator = attrs.field(init=False, repr=False, eq=False)
@@ -154,6 +159,7 @@ def tool_from_function(
     classify: Callable[[Mapping[str, Any]], Concurrency] | None = None,
     timeout: float | None = None,
     finalize_content: Callable[[Content], Content] | None = None,
+    idempotent: bool = False,
 ) -> Tool:
     from ._schema import describe_function
 
@@ -168,6 +174,7 @@ def tool_from_function(
         timeout=timeout,
         finalize_content=finalize_content,
         to_kwargs=described.to_call_kwargs,
+        idempotent=idempotent,
     )
 
 
@@ -259,6 +266,7 @@ class ToolsFacade:
         classify: Callable[[Mapping[str, Any]], Concurrency] | None = None,
         timeout: float | None = None,
         finalize_content: Callable[[Content], Content] | None = None,
+        idempotent: bool = False,
     ) -> Any:
         """Decorator: turn an annotated, documented function into a registered tool.
 
@@ -273,7 +281,7 @@ class ToolsFacade:
         def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
             tool = tool_from_function(
                 f, name=name, concurrency=concurrency, classify=classify, timeout=timeout,
-                finalize_content=finalize_content,
+                finalize_content=finalize_content, idempotent=idempotent,
             )
             self.register(tool)
             return f

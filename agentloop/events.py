@@ -36,6 +36,7 @@ from ._events import SessionCreated as SessionCreated
 from ._events import SessionDisposed as SessionDisposed
 from ._events import SessionEventAppended as SessionEventAppended
 from ._events import SessionFlush as SessionFlush
+from ._events import SessionPersistenceFailed as SessionPersistenceFailed
 from ._events import SettingChanged as SettingChanged
 from ._events import Stop as Stop
 from ._events import ToolApproval as ToolApproval
@@ -52,6 +53,7 @@ __all__ = [
     "SessionFlush",
     "SessionCreated",
     "SessionDisposed",
+    "SessionPersistenceFailed",
     "AgentCreated",
     "AgentSessionStart",
     "AgentDisposed",

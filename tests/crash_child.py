@@ -6,11 +6,14 @@ prompt. In MODE ``tool`` the model calls the tool ``hang``, whose body never ret
 the model calls ``echo`` and ``rm`` in one step, ``rm`` needs approval and nobody answers, so
 ``echo`` runs and ``rm`` stays parked. At that point the child waits until every event logged
 so far is committed, prints ``READY`` and blocks forever, so a parent can SIGKILL it at a
-known place in the log.
+known place in the log. MODE ``approval-exit`` parks two calls (``rm`` and ``chmod``) beside
+``echo`` and leaves with ``os._exit`` the moment ``wait_idle()`` returns, flushing nothing itself:
+what the turn reported as pending must already be durable.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import AsyncIterator
 
@@ -22,7 +25,7 @@ from agentloop.testing import Finish, FunctionModel, ScriptedModel, TextDelta, r
 
 SESSION = "crashy"
 CALL_ID = "call_hang"
-ECHO_ID, RM_ID = "call_echo", "call_rm"
+ECHO_ID, RM_ID, CHMOD_ID = "call_echo", "call_rm", "call_chmod"
 RM_PROMPT = "remove /srv/data?"
 CHUNKS = ("partial ", "answer ", "so far")
 OPTIONS = agentloop.AgentOptions(provider="child", model="m")
@@ -64,7 +67,7 @@ async def main(db: str, mode: str) -> None:
                 yield Finish("stop")
 
             rt.llm.register("child", FunctionModel(stream))  # type: ignore[arg-type]
-        elif mode == "approval":
+        elif mode in ("approval", "approval-exit"):
 
             @rt.tools.tool
             async def echo(text: str) -> str:
@@ -76,18 +79,23 @@ async def main(db: str, mode: str) -> None:
                 """Remove a path."""
                 raise AssertionError("rm must not run before it is approved")
 
+            @rt.tools.tool
+            async def chmod(path: str) -> str:
+                """Change a path's mode."""
+                raise AssertionError("chmod must not run before it is approved")
+
             rt.events.on(
                 ev.ToolPreExecute,
-                lambda e: agentloop.Ask(RM_PROMPT) if e.call.name == "rm" else None,
+                lambda e: agentloop.Ask(RM_PROMPT) if e.call.name in ("rm", "chmod") else None,
             )
-            rt.llm.register(
-                "child",
-                ScriptedModel([reply("on it", tool_calls=[
-                    ("echo", {"text": "hi"}, ECHO_ID), ("rm", {"path": "/srv/data"}, RM_ID),
-                ])]),
-            )
+            calls = [("echo", {"text": "hi"}, ECHO_ID), ("rm", {"path": "/srv/data"}, RM_ID)]
+            if mode == "approval-exit":
+                calls.append(("chmod", {"path": "/srv/data"}, CHMOD_ID))
+            rt.llm.register("child", ScriptedModel([reply("on it", tool_calls=calls)]))
         else:
-            raise SystemExit(f"unknown mode {mode!r}; use 'tool', 'stream' or 'approval'")
+            raise SystemExit(
+                f"unknown mode {mode!r}; use 'tool', 'stream', 'approval' or 'approval-exit'"
+            )
         handle = await rt.agents.create(
             session_id=SESSION, meta={"cwd": "/srv/crashy"}, agent_options=OPTIONS
         )
@@ -95,6 +103,12 @@ async def main(db: str, mode: str) -> None:
         if mode == "approval":
             await handle.agent.wait_idle()  # returns once the turn waits only for a person
             await ready_then_hang(rt)
+        elif mode == "approval-exit":
+            await handle.agent.wait_idle()
+            pending = " ".join(p.call_id for p in handle.agent.pending_approvals)
+            sys.stdout.write(f"PENDING {pending}\n")
+            sys.stdout.flush()
+            os._exit(0)
         await trio.sleep_forever()
 
 

@@ -6,6 +6,7 @@ Persistence tests use a real SQLite file; the crash test kills a real child proc
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,14 @@ import pytest
 import trio
 import trio.testing
 from conftest import OPTIONS, check_history_valid, of_type, turn_ends
-from crash_child import ECHO_ID, RM_ID, RM_PROMPT
-from test_persistence import _run_child_until_ready, rows_of, sqlite_config, stored_rows
+from crash_child import CHMOD_ID, ECHO_ID, RM_ID, RM_PROMPT
+from test_persistence import (
+    CHILD,
+    _run_child_until_ready,
+    rows_of,
+    sqlite_config,
+    stored_rows,
+)
 
 import agentloop
 from agentloop import events as ev
@@ -403,6 +410,38 @@ async def test_an_approval_pending_when_the_process_was_killed_is_pending_after_
             tool_ids = [m.tool_call_id for m in request.messages if m.role == "tool"]
             assert tool_ids == [ECHO_ID, RM_ID]
             check_log(agent.session)
+
+
+EXIT_RUNS = 12
+
+
+@pytest.mark.slow
+async def test_approvals_a_turn_reported_pending_survive_an_exit_right_after_wait_idle(
+    tmp_path: Path,
+) -> None:
+    # The child leaves with os._exit the moment wait_idle() returns: whatever the writer had
+    # not committed by then is gone, so each run checks that the parking itself was durable.
+    for run in range(EXIT_RUNS):
+        db = tmp_path / f"run{run}.db"
+        with trio.fail_after(30):
+            done = await trio.run_process(
+                [sys.executable, str(CHILD), str(db), "approval-exit"],
+                capture_stdout=True, capture_stderr=True, check=False,
+            )
+        assert done.returncode == 0, done.stderr.decode()
+        assert done.stdout.decode().split() == ["PENDING", RM_ID, CHMOD_ID]
+        parked = [r[3]["call_id"] for r in stored_rows(db, "crashy")
+                  if r[1] == "tool/approval-requested"]
+        assert parked == [RM_ID, CHMOD_ID], f"run {run}: the store kept only {parked}"
+        with trio.fail_after(15):
+            async with agentloop.open_runtime(sqlite_config(db)) as rt:
+                rt.llm.register("scripted", ScriptedModel([]))
+                handle = await rt.agents.resume(resume_session_id="crashy",
+                                                agent_options=OPTIONS)
+                pending = [p.call_id for p in handle.agent.pending_approvals]
+                assert pending == [RM_ID, CHMOD_ID], f"run {run}: pending after resume {pending}"
+                check_log(handle.agent.session)
+                await handle.aclose()
 
 
 async def test_parked_calls_are_answered_in_any_order_and_recorded_as_answered(

@@ -44,7 +44,8 @@ EXPECTED = {
     },
     agentloop.events: {
         "Event", "ALL_EVENTS", "Lagged", "SessionEventAppended", "SessionFlush",
-        "SessionCreated", "SessionDisposed", "AgentCreated", "AgentSessionStart",
+        "SessionCreated", "SessionDisposed", "SessionPersistenceFailed", "AgentCreated",
+        "AgentSessionStart",
         "AgentDisposed", "AgentStatus", "InboxSpliced", "InboxInserted", "InboxDiscarded",
         "InboxClaimed", "LlmRetry", "PluginFailed", "SettingChanged", "InvariantViolated",
         "McpServerFailed", "AgentPreStep",

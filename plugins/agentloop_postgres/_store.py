@@ -19,6 +19,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
+import logging
 import math
 import os
 import queue
@@ -62,11 +63,16 @@ __all__ = [
     "PostgresSessionStore", "StoreStats", "Routed", "SCHEMA_VERSION", "INBOX_CHANNEL", "masked_dsn"
 ]
 
-SCHEMA_VERSION: Final = 2
+log = logging.getLogger("agentloop.postgres")
+
+SCHEMA_VERSION: Final = 3
 """The schema version this module writes and the newest one it reads."""
 
 DEFAULT_LEASE_SECONDS: Final = 30.0
 _MAX_BATCH: Final = 10_000
+# Reconnecting after the server went away: the first retry, and the longest wait between two.
+_RETRY_FIRST: Final = 0.05
+_RETRY_MAX: Final = 1.0
 _TURN_START: Final = "turn/start"
 _INT64: Final = 2**63
 # Serialises concurrent migrations of one database (pg_advisory_xact_lock takes a bigint).
@@ -79,7 +85,7 @@ _TABLES: Final = frozenset({
     "agentloop_inbox",
 })
 # The tables each version has: an older schema lacks those added after it.
-_TABLES_OF: Final = {1: _TABLES - {"agentloop_inbox"}, 2: _TABLES}
+_TABLES_OF: Final = {1: _TABLES - {"agentloop_inbox"}, 2: _TABLES, 3: _TABLES}
 
 # Each entry upgrades the schema from the version before it; the index is the version reached.
 _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
@@ -174,6 +180,11 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             claimed_at timestamptz
         )""",
         "CREATE INDEX agentloop_inbox_by_session ON agentloop_inbox (session_id, n)",
+    ),
+    (
+        # A message its driver discarded (cancel, remove) or could never deliver is done:
+        # no later driver claims it again.
+        "ALTER TABLE agentloop_inbox ADD COLUMN discarded_at timestamptz",
     ),
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION + 1
@@ -273,7 +284,32 @@ class Routed:
 
 
 _TARGETS: Final = ("next-turn", "next-step")
+# The deepest nesting a runtime's inbox accepts (agentloop refuses deeper content at every
+# send): routed input is refused at the same depth, before it is committed.
+_MAX_NESTING: Final = 200
+
+
+def _nesting_problem(value: object, path: str) -> str | None:
+    """Where ``value`` nests deeper than an inbox accepts, or ``None`` (iterative: a value
+    thousands of levels deep is refused with its path, not a ``RecursionError``)."""
+    stack: builtins.list[tuple[object, str, int]] = [(value, path, 0)]
+    while stack:
+        item, where, depth = stack.pop()
+        if isinstance(item, (builtins.list, tuple)):
+            children: Any = ((v, f"{where}[{i}]") for i, v in enumerate(item))
+        elif isinstance(item, dict):
+            children = ((v, f"{where}.{k}") for k, v in item.items())
+        else:
+            continue
+        if depth >= _MAX_NESTING:
+            return f"{where}: nested more than {_MAX_NESTING} levels deep"
+        stack.extend((v, w, depth + 1) for v, w in children)
+    return None
 INBOX_CHANNEL: Final = "agentloop_inbox"
+
+
+class _LostError(Exception):
+    """The server cannot be reached: what was being written is kept and retried."""
 
 
 class _RowRaceError(Exception):
@@ -332,9 +368,21 @@ class PostgresSessionStore:
         # Written by the worker thread only.
         self._processed = 0
         self._failed: dict[str, _Failure] = {}
+        # While the server is unreachable: the acknowledged appends not yet committed, the
+        # flushes waiting for the next attempt, when it is, and why the last one failed.
+        self._backlog: builtins.list[_Append] = []
+        self._held_flushes: builtins.list[_Request[Any]] = []
+        self._outage: str | None = None
+        self._retry_at = 0.0
+        self._retry_delay = _RETRY_FIRST
+        # Read by the trio thread: sessions with appends kept through an outage, and the
+        # first seq of each not yet stored (replaced whole, never mutated in place).
+        self._unstored: dict[str, int] = {}
         self._fatal: BaseException | None = None
         self._conn: psycopg.Connection[Any] | None = None
         self._held: dict[str, tuple[str, int]] = {}
+        # The lease each session's routed input was last claimed under: it fences discards.
+        self._claimed: dict[str, tuple[str, int]] = {}
         self._written: dict[str, int] = {}
         self._next_renewal = 0.0
         self._pid = os.getpid()
@@ -475,7 +523,10 @@ class PostgresSessionStore:
         if self._state != "open":
             raise self._not_open()
         self._check_writable("flush events")
-        if self._last_ticket.get(session_id, 0) > self._processed:
+        if self._last_ticket.get(session_id, 0) > self._processed or (
+            session_id in self._unstored
+        ):
+            # During an outage the answer comes after the writer's next attempt.
             marker = _Flush(_nothing)
             self._queue.put(marker)
             await marker.wait()
@@ -484,6 +535,13 @@ class PostgresSessionStore:
         failure = self._failed.get(session_id)
         if failure is not None and seq >= failure.seq:
             raise PersistenceError(failure.message) from failure.cause
+        first = self._unstored.get(session_id)
+        if first is not None and seq >= first:
+            raise PersistenceError(
+                f"session {session_id!r}: events from seq {first} on are not stored yet:"
+                f" {self._outage or 'the server cannot be reached'}; they are kept and"
+                " written when the server is back"
+            )
 
     async def acquire(self, session_id: str, owner: str) -> None:
         """Take the live-driver lease of a session for ``owner``, at a new epoch.
@@ -551,6 +609,9 @@ class PostgresSessionStore:
             raise InvalidContent(f"target: must be 'next-turn' or 'next-step', got {target!r}")
         if not isinstance(content, (str, builtins.list, tuple)):
             raise InvalidContent(f"content: must be a string or a list of parts, got {content!r}")
+        problem = _nesting_problem(content, "content") or _nesting_problem(source, "source")
+        if problem is not None:
+            raise InvalidContent(f"input for session {session_id!r}: {problem}")
         empty = _empty_prompt(content)
         if empty is not None:
             # The driving runtime would refuse it too, but only after it was committed.
@@ -583,6 +644,13 @@ class PostgresSessionStore:
         """
         call = functools.partial(self._do_claim, session_id, frozenset(delivered))
         return await self._call(call, shield=True)
+
+    async def discard(self, session_id: str, message_ids: Collection[str]) -> None:
+        """Mark routed messages done without delivering them: their driver discarded them
+        (``cancel``, ``remove``) or they cannot be delivered. No later driver claims them.
+        Only messages this store claimed, at the epoch it claimed them, are marked."""
+        call = functools.partial(self._do_discard, session_id, builtins.list(message_ids))
+        await self._call(call, shield=True)
 
     def epoch(self, session_id: str) -> int | None:
         """The lease epoch this store holds for the session, or None."""
@@ -624,13 +692,16 @@ class PostgresSessionStore:
             return
         while True:
             try:
-                if self._held and not self._read_only:
-                    timeout = max(0.0, self._next_renewal - time.monotonic())
-                    batch = [self._queue.get(timeout=timeout)]
-                else:
+                due = self._next_due()
+                if due is None:
                     batch = [self._queue.get()]
+                else:
+                    batch = [self._queue.get(timeout=max(0.0, due - time.monotonic()))]
             except queue.Empty:
-                self._renew_safely()
+                if self._backlog and time.monotonic() >= self._retry_at:
+                    self._commit([], [])
+                if self._held and time.monotonic() >= self._next_renewal:
+                    self._renew_safely()
                 continue
             with contextlib.suppress(queue.Empty):
                 while len(batch) < _MAX_BATCH:
@@ -648,6 +719,15 @@ class PostgresSessionStore:
                         item.fail(self._worker_failed())
             if self._held and time.monotonic() >= self._next_renewal:
                 self._renew_safely()
+
+    def _next_due(self) -> float | None:
+        """When the writer has work of its own: a lease renewal, or retrying the backlog."""
+        due = []
+        if self._held and not self._read_only:
+            due.append(self._next_renewal)
+        if self._backlog:
+            due.append(self._retry_at)
+        return min(due) if due else None
 
     def _handle(self, batch: builtins.list[_Item]) -> bool:
         """Serve one batch; True once the store is shut down."""
@@ -667,7 +747,8 @@ class PostgresSessionStore:
             elif isinstance(item, _Flush):
                 flushes.append(item)
             else:
-                self._commit(appends, flushes)
+                # Stopping: one last attempt, whatever the backoff says.
+                self._commit(appends, flushes, force=isinstance(item, _Stop))
                 appends, flushes = [], []
                 item.run()
                 if isinstance(item, _Stop):
@@ -834,13 +915,82 @@ class PostgresSessionStore:
     # -- writing -------------------------------------------------------------------------------
 
     def _commit(
-        self, appends: builtins.list[_Append], flushes: builtins.list[_Request[Any]]
+        self, appends: builtins.list[_Append], flushes: builtins.list[_Request[Any]],
+        *, force: bool = False,
     ) -> None:
         if appends:
-            self._write(appends)
             self._processed += len(appends)
+            self._backlog.extend(appends)
+        attempted = False
+        if self._backlog and (
+            self._outage is None or force or time.monotonic() >= self._retry_at
+        ):
+            self._write_backlog()
+            attempted = True
+        if self._outage is not None and not attempted:
+            self._held_flushes.extend(flushes)  # answered after the next attempt
+            return
+        if self._held_flushes:
+            flushes, self._held_flushes = [*self._held_flushes, *flushes], []
         for flush in flushes:
             flush.run()
+
+    def _write_backlog(self) -> None:
+        """Write every kept append; on losing the server keep them and schedule a retry."""
+        backlog = self._backlog
+        try:
+            try:
+                if self._outage is not None:
+                    backlog = self._not_yet_stored(backlog)
+                self._write(backlog)
+            except _LostError:
+                if self._outage is not None:
+                    raise
+                # One dropped connection is not an outage: reconnect and try again at once.
+                backlog = self._not_yet_stored(backlog)
+                self._write(backlog)
+        except _LostError as exc:
+            self._backlog = backlog
+            if self._outage is None:
+                log.warning("session store %s cannot be reached (%s): %d events kept,"
+                            " retrying with backoff", self._where, exc, len(backlog))
+            self._outage = str(exc)
+            self._retry_at = time.monotonic() + self._retry_delay
+            self._retry_delay = min(2 * self._retry_delay, _RETRY_MAX)
+            unstored: dict[str, int] = {}
+            for sid, _, event in backlog:
+                if sid not in self._failed:
+                    unstored.setdefault(sid, event.seq)
+            self._unstored = unstored
+            return
+        if self._outage is not None:
+            log.warning("session store %s is back: %d kept events written",
+                        self._where, len(backlog))
+        self._backlog, self._outage, self._unstored = [], None, {}
+        self._retry_delay = _RETRY_FIRST
+
+    def _not_yet_stored(self, backlog: builtins.list[_Append]) -> builtins.list[_Append]:
+        """``backlog`` without what the server committed before the connection broke (a
+        commit whose answer was lost)."""
+        sids = sorted({sid for sid, _, _ in backlog})
+        try:
+            stored = dict(self._db.execute(
+                "SELECT session_id, max(seq) FROM agentloop_events"
+                " WHERE session_id = ANY(%s) GROUP BY session_id",
+                (sids,),
+            ).fetchall())
+        except (psycopg.Error, PersistenceError) as exc:
+            raise _LostError(self._lost_reason(exc)) from exc
+        return [a for a in backlog if a[2].seq > stored.get(a[0], -_INT64)]
+
+    def _lost_reason(self, exc: BaseException) -> str:
+        if isinstance(exc, PersistenceError):
+            return str(exc)
+        return f"the connection to {self._where} failed: {self._scrub(str(exc).strip())}"
+
+    def _connection_lost(self) -> bool:
+        conn = self._conn
+        return conn is None or conn.closed or conn.broken
 
     def _write(self, appends: builtins.list[_Append]) -> None:
         failed = self._failed
@@ -871,7 +1021,11 @@ class PostgresSessionStore:
             return
         try:
             self._insert(rows)
-        except psycopg.Error:
+        except PersistenceError as exc:  # reconnecting failed
+            raise _LostError(self._lost_reason(exc)) from exc
+        except psycopg.Error as exc:
+            if self._connection_lost():
+                raise _LostError(self._lost_reason(exc)) from exc
             # Find the rows at fault, keeping every session's rows before them.
             for sid, session_rows in rows.items():
                 self._insert_each(sid, session_rows)
@@ -898,7 +1052,11 @@ class PostgresSessionStore:
         for row in rows:
             try:
                 self._insert({sid: [row]})
+            except PersistenceError as exc:
+                raise _LostError(self._lost_reason(exc)) from exc
             except psycopg.Error as exc:
+                if self._connection_lost():
+                    raise _LostError(self._lost_reason(exc)) from exc
                 self._fail(sid, row[1], row[3], exc)
                 return
 
@@ -1101,6 +1259,7 @@ class PostgresSessionStore:
         if mine is None or session_id in self._failed:
             return []
         owner, epoch = mine
+        self._claimed[session_id] = mine
         # One statement: the lease row is share-locked only while it runs, so no takeover
         # commits between the check and the claim, and a paused client holds no lock.
         rows = self._db.execute(
@@ -1109,6 +1268,7 @@ class PostgresSessionStore:
             " UPDATE agentloop_inbox SET claimed_by = %s, claimed_epoch = %s,"
             " claimed_at = clock_timestamp()"
             " WHERE id IN (SELECT id FROM agentloop_inbox WHERE session_id = %s"
+            " AND discarded_at IS NULL"
             " AND (claimed_epoch IS NULL OR claimed_epoch < %s) FOR UPDATE SKIP LOCKED)"
             " AND EXISTS (SELECT 1 FROM lease)"
             " RETURNING n, id, content::text, source::text, target, wakeup",
@@ -1127,6 +1287,20 @@ class PostgresSessionStore:
                 wakeup=wakeup,
             ))
         return out
+
+    def _do_discard(self, session_id: str, message_ids: builtins.list[str]) -> None:
+        # Fenced by the claim, not the lease: a discard made just before the lease was
+        # released still counts, and one a newer driver's claim overtook changes nothing.
+        mine = self._claimed.get(session_id)
+        if mine is None or not message_ids:
+            return
+        owner, epoch = mine
+        self._db.execute(
+            "UPDATE agentloop_inbox SET discarded_at = clock_timestamp()"
+            " WHERE session_id = %s AND id = ANY(%s) AND claimed_by = %s"
+            " AND claimed_epoch = %s",
+            (session_id, message_ids, owner, epoch),
+        )
 
     # -- reading -------------------------------------------------------------------------------
 
