@@ -16,7 +16,7 @@ from ._json import FrozenDict, freeze_object
 from ._model import Content, ToolCall, ToolSpec
 from ._schema import Validator, compile_validator
 
-__all__ = ["Tool", "ToolRegistry", "Concurrency", "Policy", "truncate_content"]
+__all__ = ["Tool", "ToolRegistry", "Concurrency", "Policy", "truncate_content", "tool"]
 
 Concurrency: TypeAlias = Literal["exclusive", "parallel"]
 Policy: TypeAlias = Callable[[ToolCall, "Tool"], Any]
@@ -104,6 +104,9 @@ class Tool:
         timeout: seconds before the call is abandoned with a ``TIMEOUT`` error result (a
             thread tool's thread is abandoned too).
         finalize_content: maps the result content before it is logged (e.g. truncation).
+        requires_approval: park every call for a person's answer, as a ``tools/pre-execute``
+            handler returning ``Ask(f"run {name}?")`` would (``agent.pending_approvals``,
+            ``agent.approve``/``deny``); a handler's own ``Ask`` or ``Deny`` still wins.
     """
 
     name: str
@@ -117,6 +120,7 @@ class Tool:
     to_kwargs: Callable[[Mapping[str, Any]], dict[str, Any]] | None = attrs.field(
         default=None, repr=False
     )
+    requires_approval: bool = attrs.field(default=False, kw_only=True)
     # ``parameters`` compiled once per definition: ``attrs.evolve`` to a new schema builds a
     # new Tool and so a new validator; the frozen schema cannot change under this one.
     validate_arguments: Validator = attrs.field(init=False, repr=False, eq=False)
@@ -154,6 +158,7 @@ def tool_from_function(
     classify: Callable[[Mapping[str, Any]], Concurrency] | None = None,
     timeout: float | None = None,
     finalize_content: Callable[[Content], Content] | None = None,
+    requires_approval: bool = False,
 ) -> Tool:
     from ._schema import describe_function
 
@@ -168,7 +173,39 @@ def tool_from_function(
         timeout=timeout,
         finalize_content=finalize_content,
         to_kwargs=described.to_call_kwargs,
+        requires_approval=requires_approval,
     )
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    concurrency: Concurrency = "exclusive",
+    classify: Callable[[Mapping[str, Any]], Concurrency] | None = None,
+    timeout: float | None = None,
+    finalize_content: Callable[[Content], Content] | None = None,
+    requires_approval: bool = False,
+) -> Any:
+    """Decorator: an annotated, documented function as a :class:`Tool`, registered nowhere.
+
+    Pass the tool to ``open_agent(..., tools=[...])`` or ``ctx.tools.register``. Used bare
+    (``@tool``) or with options (``@tool(requires_approval=True)``); the options are those of
+    ``ctx.tools.tool``. A plain ``def`` runs in a worker thread.
+
+    Raises:
+        ToolDefinitionError: a parameter without an annotation, a generator, a bad option.
+    """
+
+    def decorate(f: Callable[..., Any]) -> Tool:
+        return tool_from_function(
+            f, name=name, concurrency=concurrency, classify=classify, timeout=timeout,
+            finalize_content=finalize_content, requires_approval=requires_approval,
+        )
+
+    if fn is not None:
+        return decorate(fn)
+    return decorate
 
 
 @attrs.define(eq=False, slots=True)
@@ -259,11 +296,13 @@ class ToolsFacade:
         classify: Callable[[Mapping[str, Any]], Concurrency] | None = None,
         timeout: float | None = None,
         finalize_content: Callable[[Content], Content] | None = None,
+        requires_approval: bool = False,
     ) -> Any:
         """Decorator: turn an annotated, documented function into a registered tool.
 
         An ``async def`` runs on the agent's trio task tree; a plain ``def`` runs in a worker
         thread (``trio.to_thread.run_sync``), so blocking code does not stall the runtime.
+        ``requires_approval=True`` parks every call until ``agent.approve``/``deny``.
         """
         if concurrency not in _CONCURRENCY:
             raise ToolDefinitionError(
@@ -273,7 +312,7 @@ class ToolsFacade:
         def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
             tool = tool_from_function(
                 f, name=name, concurrency=concurrency, classify=classify, timeout=timeout,
-                finalize_content=finalize_content,
+                finalize_content=finalize_content, requires_approval=requires_approval,
             )
             self.register(tool)
             return f
