@@ -176,7 +176,8 @@ async def open_agent(
             takes its configured model). A model object (``agentloop.testing.ScriptedModel``,
             any adapter) is used as given.
         instructions: the agent's system prompt.
-        tools: :class:`Tool` values (``@agentloop.tool``) or annotated, documented functions.
+        tools: :class:`Tool` values (``@agentloop.tool``) or annotated, documented functions;
+            they are this agent's (its sub-agents do not see them).
         output_type: the structured output every ``run``/``ask`` asks for unless it names
             its own (an attrs class, a dataclass, a ``TypedDict`` or a JSON-schema dict).
         session_id: the session to create, or to resume when the configured store holds it;
@@ -201,17 +202,24 @@ async def open_agent(
     loaded = [*plugins]
     if route.plugin is not None and route.plugin not in cfg.plugins:
         loaded.append(route.plugin)
+    async def setup(ctx: Context) -> None:
+        # The agent's own tools: a sub-agent it starts does not inherit them, so a tool that
+        # spawns a child cannot be called by that child (recursing to the depth limit).
+        for item in built:
+            ctx.tools.register(item)
+
     async with open_runtime(cfg, plugins=loaded) as rt:
         if route.register is not None:
             route.register(rt)
-        for item in built:
-            rt.tools.register(item)
         store = rt.session_persistence
         if session_id is not None and store is not None and await store.exists(session_id):
-            handle = await rt.agents.resume(resume_session_id=session_id, agent_options=options)
+            handle = await rt.agents.resume(
+                resume_session_id=session_id, agent_options=options, setup=setup
+            )
         else:
             handle = await rt.agents.create(
-                session_id=session_id or fresh_session_id("agent"), agent_options=options
+                session_id=session_id or fresh_session_id("agent"), agent_options=options,
+                setup=setup,
             )
         async with handle:
             yield handle.agent
