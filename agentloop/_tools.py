@@ -91,7 +91,7 @@ def truncate_content(limit: int) -> Callable[[Content], Content]:
 class Tool:
     """A tool the model can call.
 
-    Args:
+    Attributes:
         name: what the model calls it.
         description: what it does, for the model.
         parameters: the JSON schema of its arguments (an object schema).

@@ -206,3 +206,77 @@ async def test_the_readme_fallback_config_moves_a_failed_call_to_the_next_route(
     assert result.text == "Hello from the fake model."
     assert [r["model"] for r in fake.requests] == ["gpt-4o-mini"]
     assert [r["model"] for r in backup.requests] == ["deepseek-chat"]
+
+
+def _reference_tables() -> dict[str, dict[str, str]]:
+    """The config reference's tables: section marker -> key -> default column."""
+    tables: dict[str, dict[str, str]] = {}
+    current = ""
+    for line in (ROOT / "docs" / "reference" / "config.md").read_text().splitlines():
+        if line.startswith("#") or (line.startswith("`[") and line.endswith(":")):
+            current = line.lstrip("# ").rstrip(":")
+        elif line.startswith("| `") and current:
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            tables.setdefault(current, {})[cells[0].strip("`")] = cells[2]
+    return tables
+
+
+def _default_text(value: object) -> str:
+    if value is attrs.NOTHING:
+        return "required"
+    if isinstance(value, attrs.Factory):  # type: ignore[arg-type]
+        value = value.factory()
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, (tuple, list)) and not value:
+        return "`[]`"
+    if isinstance(value, dict) or (hasattr(value, "items") and not value):
+        return "`{}`"
+    if isinstance(value, str):
+        return f'`"{value}"`'
+    return f"`{value!r}`"
+
+
+def test_the_config_reference_has_every_key_with_its_default() -> None:
+    import agentloop_budget
+    import agentloop_compact
+    import agentloop_fallback
+    import agentloop_mcp
+    import agentloop_retry
+    import agentloop_subagent
+
+    from agentloop import _settings
+
+    local = pytest.importorskip("agentloop_local")
+    tables = _reference_tables()
+    classes: dict[str, Any] = {
+        "Top level": agentloop.Config,
+        "`[persistence]`": agentloop.PersistenceConfig,
+        "`[providers.NAME]`": agentloop.ProviderConfig,
+        "`[[agents]]`": agentloop.AgentConfig,
+        "`[retry]`": agentloop_retry.RetrySettings,
+        "`[fallback]`": agentloop_fallback.FallbackPolicy,
+        "`[budget]`": agentloop_budget.BudgetPolicy,
+        "`[compact]`": agentloop_compact.CompactPolicy,
+        "`[local]`": local._Options,
+        "`[mcp]`": agentloop_mcp.Section,
+        "`[[mcp.servers]]`": agentloop_mcp.ServerConfig,
+        "`[subagent]`": agentloop_subagent.SubagentConfig,
+        "`[[subagent.profiles]]`": agentloop_subagent.Profile,
+    }
+    for marker, cls in classes.items():
+        documented = tables.get(marker, {})
+        for field in attrs.fields(cls):
+            if field.name == "sections" or field.metadata.get("config") is False:
+                continue
+            assert field.name in documented, f"config.md: {marker} lacks {field.name}"
+            assert documented[field.name].startswith(_default_text(field.default)), (
+                f"{marker} {field.name}: documented default {documented[field.name]!r}, "
+                f"the code's is {_default_text(field.default)}"
+            )
+    settings = tables["`[settings]`"]
+    for key, (_, default) in _settings._SCHEMA.items():
+        assert key in settings, f"docs/reference/config.md: [settings] lacks {key}"
+        assert settings[key].startswith(_default_text(default)), key
