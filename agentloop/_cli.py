@@ -26,6 +26,7 @@ import datetime
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -48,6 +49,7 @@ from agentloop import (
     Context,
     InvalidContent,
     PersistenceError,
+    ProviderConfig,
     SessionEvent,
     SessionNotFound,
     StoredSession,
@@ -226,6 +228,12 @@ def choose_route(
 
 
 def _env_route(env: EnvProvider, model: str | None, environ: Mapping[str, str]) -> Route:
+    url = environ.get(env.url_var)
+    if url and not re.match(r"https?://[^/\s]", url):
+        raise CliError(
+            f"{env.url_var} must start with http:// or https:// (for example "
+            f"http://127.0.0.1:8080/v1), got {url!r}", EXIT_USAGE,
+        )
     if environ.get(env.key_var):
         return Route(provider=env.name, model=model or env.model, source="env", env=env)
     # A base URL alone is a local or self-hosted server (llama.cpp, Ollama, vLLM), which takes
@@ -290,7 +298,7 @@ def make_plan(args: argparse.Namespace, environ: Mapping[str, str]) -> Plan:
         if args.db:
             db = os.path.expanduser(args.db)
         elif config.persistence is not None:
-            db = os.path.expanduser(config.persistence.path)
+            db = _beside(args.config, config.persistence.path)
         else:
             db = _default_db()
     local_names = ("local", "agentloop_local")
@@ -329,8 +337,8 @@ def _json_text(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def describe_error(error: object) -> str:
-    """One line from a ``turn/end`` error object."""
+def describe_error(error: object, base_url: str | None = None) -> str:
+    """One line from a ``turn/end`` error object; ``base_url``: where the calls went."""
     if not isinstance(error, Mapping):
         return "the turn failed"
     message = error.get("message") or error.get("type") or "the turn failed"
@@ -340,7 +348,21 @@ def describe_error(error: object) -> str:
     if error.get("code"):
         details.append(str(error["code"]))
     suffix = f" ({', '.join(details)})" if details else ""
-    return _one_line(f"{message}{suffix}")
+    if error.get("status") == 404 and base_url:
+        # Nearly always a base URL without the API's version prefix, not a missing model.
+        suffix += f"; is the base URL {base_url} right?"
+        if not base_url.rstrip("/").endswith("/v1"):
+            suffix += f" OpenAI-compatible servers serve under /v1: {base_url.rstrip('/')}/v1"
+    return _one_line(f"{message}{suffix}", 600)
+
+
+def _base_url(plan: Plan) -> str | None:
+    """The endpoint the plan's calls go to, for error messages (``None``: the local model)."""
+    route = plan.route
+    if route.env is not None:
+        return route.env.endpoint(os.environ)
+    provider = plan.config.providers.get(route.provider)
+    return provider.base_url if isinstance(provider, ProviderConfig) else None
 
 
 class Printer:
@@ -621,7 +643,8 @@ async def _refuse_approval(agent: Agent, event: SessionEvent) -> None:
 
 
 async def _show_turn(
-    agent: Agent, content: str, printer: Printer, interrupts: _Interrupts, approve: Approver
+    agent: Agent, content: str, printer: Printer, interrupts: _Interrupts, approve: Approver,
+    base_url: str | None = None,
 ) -> TurnOutcome:
     """Queue ``content`` with ``agent.run`` and render its turn; a failure is one line."""
     interrupts.seen = False
@@ -639,7 +662,7 @@ async def _show_turn(
         try:
             result = await run.result()
         except TurnFailed as failed:
-            _fail(printer.err, describe_error(failed.data))
+            _fail(printer.err, describe_error(failed.data, base_url))
             return TurnOutcome(EXIT_FAILED)
     finally:
         interrupts.agent = None
@@ -669,7 +692,9 @@ async def _run(args: argparse.Namespace, plan: Plan, out: TextIO, err: TextIO) -
             session_id = handle.agent.id
             _header(err, plan, plan.options, session_id)
             printer = Printer(out, err)
-            outcome = await _show_turn(handle.agent, prompt, printer, interrupts, _refuse_approval)
+            outcome = await _show_turn(
+                handle.agent, prompt, printer, interrupts, _refuse_approval, _base_url(plan)
+            )
             code = outcome.code
     if session_id is not None and plan.db is not None and not plan.quiet:
         err.write(f"session: {session_id}\n")
@@ -884,7 +909,8 @@ class _Chat:
                 if self.tty:
                     nursery.start_soon(self.beside_turn, agent)
                 outcome = await _show_turn(
-                    agent, text, self.printer, self.interrupts, self.approve
+                    agent, text, self.printer, self.interrupts, self.approve,
+                    _base_url(self.plan),
                 )
                 nursery.cancel_scope.cancel()
         finally:
@@ -1053,8 +1079,17 @@ def _store_path(args: argparse.Namespace) -> str:
             if persistence.backend == "postgres" and persistence.dsn:
                 return str(persistence.dsn)
             if persistence.path:
-                return os.path.expanduser(persistence.path)
+                return _beside(args.config, persistence.path)
     return _default_db()
+
+
+def _beside(config_file: str, path: str) -> str:
+    """A path from a config file: a relative one means next to that file, wherever the
+    command runs (as ``./sessions.db`` in a project's config should)."""
+    path = os.path.expanduser(path)
+    if not path or os.path.isabs(path):
+        return path
+    return os.path.join(os.path.dirname(os.path.abspath(config_file)), path)
 
 
 @contextlib.asynccontextmanager
@@ -1263,27 +1298,66 @@ def _common_options() -> _Parser:
 
 
 def _add_agent_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--provider", metavar="P", help="provider route (config, env or local)")
-    parser.add_argument("--model", metavar="M", help="model name for the provider")
+    parser.add_argument("--provider", metavar="P",
+                        help="a configured provider, openai, deepseek, anthropic or local "
+                        "(default: see providers below)")
+    parser.add_argument("--model", metavar="M",
+                        help="model name for the provider (default: the provider's own)")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--session", metavar="ID", help="use this session id (resumed if stored)")
     which.add_argument("--resume", metavar="ID", help="continue a stored session")
     parser.add_argument("--max-tokens", type=_positive_int, metavar="N",
-                        help="completion limit per model call")
-    parser.add_argument("--db", metavar="PATH", help="the SQLite session store")
+                        help="completion limit per model call (default: the provider's; 256 "
+                        "for the local model)")
+    parser.add_argument("--db", metavar="PATH",
+                        help="the SQLite session store (default: the config's [persistence], "
+                        "else ~/.local/share/agentloop/sessions.db)")
     parser.add_argument("--no-persist", action="store_true", help="do not store the session")
+
+
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """A default shown after each option that has one; the epilog's examples as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        return f"{text} (default: {action.default})"
+
+
+_PROVIDERS_HELP: Final = """\
+providers (the first that applies): --provider/--model; the config file's first agent or
+provider; an API key in the environment (OPENAI_API_KEY: openai, gpt-4o-mini;
+DEEPSEEK_API_KEY: deepseek, deepseek-chat; ANTHROPIC_API_KEY: anthropic,
+claude-3-5-haiku-latest); a <NAME>_BASE_URL alone, for a server that takes no key
+(llama.cpp, Ollama, vLLM); else the packaged local model (the [local] extra; its first
+start assembles about 250 MB in a second or two, later starts take about two seconds)."""
+
+_EXAMPLES: Final = f"""\
+examples:
+  {PROG} run "Write a haiku about structured concurrency."
+  OPENAI_BASE_URL=http://127.0.0.1:8080/v1 {PROG} run --model qwen3 "Hello"   # llama.cpp
+  OPENAI_BASE_URL=http://127.0.0.1:11434/v1 {PROG} chat --model llama3.2       # Ollama
+  {PROG} run --provider deepseek --model deepseek-reasoner "Why is the sky blue?"
+  {PROG} run --resume run-1a2b3c4d "And now in French."
+  {PROG} sessions list
+
+{_PROVIDERS_HELP}"""
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``agentloop`` argument parser."""
     common = _common_options()
-    parser = _Parser(prog=PROG, description="Run LLM agents on the agentloop runtime.")
+    parser = _Parser(prog=PROG, description="Run LLM agents on the agentloop runtime.",
+                     epilog=_EXAMPLES, formatter_class=_Help)
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    run = commands.add_parser("run", parents=[common], help="run one prompt and stream the answer")
+    run = commands.add_parser("run", parents=[common], help="run one prompt and stream the answer",
+                              epilog=_EXAMPLES, formatter_class=_Help)
     _add_agent_options(run)
     run.add_argument("prompt", metavar="PROMPT", help="the prompt ('-' reads it from stdin)")
-    chat = commands.add_parser("chat", parents=[common], help="chat in one session")
+    chat = commands.add_parser("chat", parents=[common], help="chat in one session",
+                               epilog=_EXAMPLES, formatter_class=_Help)
     _add_agent_options(chat)
     chat.add_argument("--plain", action="store_true",
                       help="line input (readline) and plain text, not the terminal UI")

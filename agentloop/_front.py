@@ -10,10 +10,11 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import attrs
+import trio
 
 from ._agent import Agent
 from ._agents import fresh_session_id
-from ._config import Config, load_config
+from ._config import Config, load_config, url_problem
 from ._context import Context
 from ._errors import ConfigError
 from ._model import AgentOptions
@@ -130,6 +131,9 @@ def _registrar(known: KnownProvider, environ: Mapping[str, str]) -> Callable[[Co
             f"open_agent: provider {known.name!r} needs {known.key_var} in the environment "
             f"(or {known.base_var} for a server that takes no key)"
         )
+    problem = url_problem(base) if base else None
+    if problem is not None:
+        raise ConfigError(f"open_agent: {known.base_var} {problem}")
     url = base or known.base_url
 
     def register(rt: Context) -> object:
@@ -207,6 +211,7 @@ async def open_agent(
         # spawns a child cannot be called by that child (recursing to the depth limit).
         for item in built:
             ctx.tools.register(item)
+        await trio.lowlevel.checkpoint()
 
     async with open_runtime(cfg, plugins=loaded) as rt:
         if route.register is not None:
