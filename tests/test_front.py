@@ -334,3 +334,14 @@ async def test_a_bad_step_limit_is_refused_at_the_write(bad: object) -> None:
                                                 r"non-negative integer"):
             rt.settings.set("agent-loop.max_steps_per_turn", bad)
         assert rt.settings.get("agent-loop.max_steps_per_turn") == 50
+
+
+async def test_a_plugin_stop_at_the_same_step_wins_over_the_step_limit() -> None:
+    model = looping()
+    config = {"plugins": ["budget"], "budget": {"max_steps_per_turn": 3},
+              "settings": {"agent-loop": {"max_steps_per_turn": 3}}}
+    async with agentloop.open_agent(model, tools=[tick], config=config) as agent:
+        with trio.fail_after(10):
+            await agent.ask("go")
+        end = of_type(agent, "turn/end")[-1].data
+    assert (end["cause"], len(model.requests)) == ("budget", 3)
