@@ -17,6 +17,7 @@ from ._agents import fresh_session_id
 from ._config import Config, load_config, url_problem
 from ._context import Context
 from ._errors import ConfigError
+from ._events import PluginFailed
 from ._model import AgentOptions
 from ._output import output_spec
 from ._runtime import Plugin, open_runtime
@@ -203,9 +204,25 @@ async def open_agent(
         output_spec(output_type)  # refused here rather than at the first ask
     options = AgentOptions(provider=route.provider, model=route.model,
                            system_prompt=instructions, output_type=output_type)
-    loaded = [*plugins]
+    async with _one_agent(cfg, route, options, built, session_id, plugins) as agent:
+        yield agent
+
+
+@contextlib.asynccontextmanager
+async def _one_agent(
+    cfg: Config, route: _Route, options: AgentOptions, built: list[Tool],
+    session_id: str | None, plugins: Sequence[Plugin | str],
+) -> AsyncIterator[Agent]:
+    failures: list[PluginFailed] = []
+
+    async def watch(ctx: Context) -> None:
+        ctx.events.on(PluginFailed, failures.append)
+        await trio.lowlevel.checkpoint()
+
+    loaded = [watch, *plugins]
     if route.plugin is not None and route.plugin not in cfg.plugins:
         loaded.append(route.plugin)
+
     async def setup(ctx: Context) -> None:
         # The agent's own tools: a sub-agent it starts does not inherit them, so a tool that
         # spawns a child cannot be called by that child (recursing to the depth limit).
@@ -216,6 +233,12 @@ async def open_agent(
     async with open_runtime(cfg, plugins=loaded) as rt:
         if route.register is not None:
             route.register(rt)
+        if route.provider not in rt.llm.providers():
+            # The plugin that was to serve it failed (the local model without its extra):
+            # refused here, not at the first call as NO_ADAPTER.
+            why = "; ".join(f"plugin {f.plugin} failed: {f.error}" for f in failures)
+            detail = f" ({why})" if why else ""
+            raise ConfigError(f"open_agent: nothing serves provider {route.provider!r}{detail}")
         store = rt.session_persistence
         if session_id is not None and store is not None and await store.exists(session_id):
             handle = await rt.agents.resume(
