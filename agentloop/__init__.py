@@ -14,7 +14,7 @@ Embed it in any trio program::
 Layering (``tests/test_layering.py`` enforces it; a module imports its own layer or lower)::
 
     app         _cli*, __main__          the command line, on the public API only
-    public      this module, events, testing, _catalog
+    public      this module, events, testing, _catalog, _front (open_agent)
     runtime     _runtime                 open_runtime, plugin actors, shutdown order
     plugin      _plugin                  the Plugin protocol
     context     _context                 Context and the ctx.* facades
@@ -68,6 +68,7 @@ from ._events import Reject as Reject
 from ._events import Replace as Replace
 from ._events import Retry as Retry
 from ._events import Stop as Stop
+from ._front import open_agent as open_agent
 from ._inbox import Inbox as Inbox
 from ._json import FrozenDict as FrozenDict
 from ._json import thaw as thaw
@@ -96,6 +97,7 @@ from ._subagents import JobCancelled as JobCancelled
 from ._subagents import JobFailed as JobFailed
 from ._subagents import TreeEvent as TreeEvent
 from ._tools import Tool as Tool
+from ._tools import tool as tool
 from ._tools import truncate_content as truncate_content
 from ._util import fixup_module_metadata as _fixup_module_metadata
 
@@ -104,7 +106,9 @@ __version__ = "0.1.0"
 _fixup_module_metadata(__name__, globals())
 
 __all__ = [
+    "open_agent",
     "open_runtime",
+    "tool",
     "Context",
     "Config",
     "AgentConfig",

@@ -62,7 +62,7 @@ from ._scheduler import (
     run_tool_calls,
 )
 from ._session import Continuation, Session, continue_crashed_turn, interrupted_by_crash
-from ._settings import APPROVAL_TIMEOUT
+from ._settings import APPROVAL_TIMEOUT, MAX_STEPS_PER_TURN
 from ._util import NoPublicConstructor
 
 if TYPE_CHECKING:
@@ -813,16 +813,21 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
     async def _stopping_point(
         self, turn: _Turn, step: int, point: Literal["pre-step", "post-tools"]
     ) -> str | None:
-        """``agent/turn-stopping``: ``"aborted"`` when a policy ends the turn here."""
+        """``agent/turn-stopping``: ``"aborted"`` when a policy ends the turn here; then the
+        runtime's own ``agent-loop.max_steps_per_turn`` before a step."""
         bus = self._services.bus
-        if not bus.has_handlers(AgentTurnStopping):
-            return None
-        decision = await bus.emit(
-            AgentTurnStopping(
-                self.id, turn.number, step, point, turn.steps, turn.tool_calls,
-                self.session.turn_usage, trio.current_time() - turn.started,
+        decision = None
+        if bus.has_handlers(AgentTurnStopping):
+            decision = await bus.emit(
+                AgentTurnStopping(
+                    self.id, turn.number, step, point, turn.steps, turn.tool_calls,
+                    self.session.turn_usage, trio.current_time() - turn.started,
+                )
             )
-        )
+        if not isinstance(decision, Stop) and point == "pre-step":
+            limit = self._services.settings.get(MAX_STEPS_PER_TURN)
+            if limit and turn.steps >= limit:
+                decision = Stop("step_limit", f"{MAX_STEPS_PER_TURN} ({limit}) reached")
         if not isinstance(decision, Stop):
             return None
         self._cancel_cause = decision.cause

@@ -113,9 +113,14 @@ trio receive channel of the events of the given classes (one class or a tuple), 
 order across all of them, until the block exits:
 
 ```python
-async with ctx.events.subscribe((AgentStatus, SessionEventAppended)) as events:
-    async for event in events:
-        ...
+from agentloop.events import AgentStatus, SessionEventAppended
+
+async with ctx.events.subscribe((AgentStatus, SessionEventAppended)) as received:
+    agent.followup("hello")
+    async for event in received:
+        print(type(event).name, getattr(event, "status", ""))
+        if isinstance(event, AgentStatus) and event.status == "idle":
+            break
 ```
 
 The channel is a `trio.MemoryReceiveChannel`, typed by the classes subscribed to. Delivery

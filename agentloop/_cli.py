@@ -26,6 +26,7 @@ import contextlib
 import datetime
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -45,6 +46,7 @@ from agentloop import (
     AgentOptions,
     Config,
     Context,
+    ProviderConfig,
     SessionEvent,
     SessionNotFound,
     StoredSession,
@@ -219,6 +221,12 @@ def choose_route(
 
 
 def _env_route(env: EnvProvider, model: str | None, environ: Mapping[str, str]) -> Route:
+    url = environ.get(env.url_var)
+    if url and not re.match(r"https?://[^/\s]", url):
+        raise CliError(
+            f"{env.url_var} must start with http:// or https:// (for example "
+            f"http://127.0.0.1:8080/v1), got {url!r}", EXIT_USAGE,
+        )
     if environ.get(env.key_var):
         return Route(provider=env.name, model=model or env.model, source="env", env=env)
     # A base URL alone is a local or self-hosted server (llama.cpp, Ollama, vLLM), which takes
@@ -288,7 +296,7 @@ def make_plan(args: argparse.Namespace, environ: Mapping[str, str]) -> Plan:
         elif stored is not None and stored.backend == "postgres":
             db = stored.dsn  # validated by the config: never the throwaway file of path ""
         elif stored is not None:
-            db = os.path.expanduser(stored.path)
+            db = _beside(args.config, stored.path)
         else:
             db = _default_db()
     local_names = ("local", "agentloop_local")
@@ -355,8 +363,8 @@ def _json_text(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def describe_error(error: object) -> str:
-    """One line from a ``turn/end`` error object."""
+def describe_error(error: object, base_url: str | None = None) -> str:
+    """One line from a ``turn/end`` error object; ``base_url``: where the calls went."""
     if not isinstance(error, Mapping):
         return "the turn failed"
     message = error.get("message") or error.get("type") or "the turn failed"
@@ -366,7 +374,21 @@ def describe_error(error: object) -> str:
     if error.get("code"):
         details.append(str(error["code"]))
     suffix = f" ({', '.join(details)})" if details else ""
-    return _one_line(f"{message}{suffix}")
+    if error.get("status") == 404 and base_url:
+        # Nearly always a base URL without the API's version prefix, not a missing model.
+        suffix += f"; is the base URL {base_url} right?"
+        if not base_url.rstrip("/").endswith("/v1"):
+            suffix += f" OpenAI-compatible servers serve under /v1: {base_url.rstrip('/')}/v1"
+    return _one_line(f"{message}{suffix}", 600)
+
+
+def _base_url(plan: Plan) -> str | None:
+    """The endpoint the plan's calls go to, for error messages (``None``: the local model)."""
+    route = plan.route
+    if route.env is not None:
+        return route.env.endpoint(os.environ)
+    provider = plan.config.providers.get(route.provider)
+    return provider.base_url if isinstance(provider, ProviderConfig) else None
 
 
 class Printer:
@@ -656,7 +678,8 @@ async def _refuse_approval(agent: Agent, event: SessionEvent) -> None:
 
 
 async def _show_turn(
-    agent: Agent, content: str, printer: Printer, interrupts: _Interrupts, approve: Approver
+    agent: Agent, content: str, printer: Printer, interrupts: _Interrupts, approve: Approver,
+    base_url: str | None = None,
 ) -> TurnOutcome:
     """Queue ``content`` with ``agent.run`` and render its turn; a failure is one line."""
     interrupts.seen = False
@@ -674,7 +697,7 @@ async def _show_turn(
         try:
             result = await run.result()
         except TurnFailed as failed:
-            _fail(printer.err, describe_error(failed.data))
+            _fail(printer.err, describe_error(failed.data, base_url))
             return TurnOutcome(EXIT_FAILED)
     finally:
         interrupts.agent = None
@@ -736,7 +759,9 @@ async def _run(args: argparse.Namespace, plan: Plan, out: TextIO, err: TextIO) -
             session_id = handle.agent.id
             _header(err, plan, plan.options, session_id)
             printer = Printer(out, err)
-            outcome = await _show_turn(handle.agent, prompt, printer, interrupts, _refuse_approval)
+            outcome = await _show_turn(
+                handle.agent, prompt, printer, interrupts, _refuse_approval, _base_url(plan)
+            )
             code = outcome.code
     if session_id is not None and plan.db is not None and not plan.quiet:
         err.write(f"session: {session_id}\n")
@@ -973,7 +998,8 @@ class _Chat:
                 if self.tty:
                     nursery.start_soon(self.beside_turn, agent)
                 outcome = await _show_turn(
-                    agent, text, self.printer, self.interrupts, self.approve
+                    agent, text, self.printer, self.interrupts, self.approve,
+                    _base_url(self.plan),
                 )
                 nursery.cancel_scope.cancel()
         finally:
@@ -1108,8 +1134,17 @@ def _store_path(args: argparse.Namespace) -> str:
             if persistence.backend == "postgres" and persistence.dsn:
                 return str(persistence.dsn)
             if persistence.path:
-                return os.path.expanduser(persistence.path)
+                return _beside(args.config, persistence.path)
     return _default_db()
+
+
+def _beside(config_file: str, path: str) -> str:
+    """A path from a config file: a relative one means next to that file, wherever the
+    command runs (as ``./sessions.db`` in a project's config should)."""
+    path = os.path.expanduser(path)
+    if not path or os.path.isabs(path):
+        return path
+    return os.path.join(os.path.dirname(os.path.abspath(config_file)), path)
 
 
 @contextlib.asynccontextmanager

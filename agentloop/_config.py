@@ -149,7 +149,7 @@ class ProviderConfig:
 
     def __attrs_post_init__(self) -> None:
         _check(
-            ("base_url", _non_empty(self.base_url)),
+            ("base_url", _non_empty(self.base_url) or url_problem(self.base_url)),
             ("api_key_env", _non_empty(self.api_key_env, optional=True)),
             ("reasoning_effort", _non_empty(self.reasoning_effort, optional=True)
              or self.effort_problem(self.reasoning_effort)),
@@ -173,6 +173,17 @@ class ProviderConfig:
         if self.api_key_env is not None:
             return environ.get(self.api_key_env) or None
         return None
+
+
+def url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be a provider's base URL, or ``None``. Without a scheme, httpx
+    would fail at the first call with a message that names neither the key nor the fix."""
+    if re.match(r"https?://[^/\s]", url):
+        return None
+    return (
+        f"must start with http:// or https:// (for example http://127.0.0.1:8080/v1), "
+        f"got {url!r}"
+    )
 
 
 def _masked_dsn(dsn: object) -> str:

@@ -232,9 +232,11 @@ def _release(owned: dict[int, AgentHandle], key: int) -> None:
 class Context:
     """A scope: the services, plus ownership of everything registered through them.
 
+    Its properties ``agents``, ``agent_loop``, ``sessions``, ``llm``, ``tools``,
+    ``system_prompt``, ``events``, ``settings`` and ``session_persistence`` are the runtime's
+    services, seen from this scope.
+
     Attributes:
-        agents, agent_loop, sessions, llm, tools, system_prompt, events, settings,
-        session_persistence: the runtime's services, seen from this scope.
         name: what the scope belongs to (``"root"``, ``"plugin:retry"``, ``"agent:s1"``).
         agent_id: the agent this scope belongs to, if any.
     """

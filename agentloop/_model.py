@@ -163,6 +163,9 @@ class AgentOptions:
     system_prompt: str | None = None
     output_retries: int = attrs.field(default=2, validator=_non_negative_int)
     """Corrections a turn sends back for invalid structured output before it fails."""
+    output_type: object = None
+    """The structured output every ``run``/``ask`` of the agent asks for unless it names its
+    own (an attrs class, a dataclass, a ``TypedDict`` or a JSON-schema dict)."""
 
 
 @attrs.frozen(slots=True, kw_only=True)

@@ -25,7 +25,7 @@ from ._errors import ProviderError, TurnFailed
 from ._events import AgentDisposed as AgentGone
 from ._events import AgentStatus, AgentTurnEnd, InboxClaimed, InboxDiscarded
 from ._json import FrozenDict, freeze
-from ._model import MessageId, SessionEvent
+from ._model import AgentOptions, MessageId, SessionEvent
 from ._output import OutputSpec, output_spec, rebuild_output
 from ._util import NoPublicConstructor, construct
 
@@ -84,6 +84,8 @@ class Driven(Protocol):
     def status(self) -> str: ...
     @property
     def inbox(self) -> Inbox: ...
+    @property
+    def options(self) -> AgentOptions: ...
     def followup(self, content: object, *, source: object = None) -> MessageId: ...
     def remove(self, message_id: str) -> bool: ...
     def cancel(self, cause: str = "user", *, keep_inbox: bool = False) -> bool: ...
@@ -112,13 +114,16 @@ class RunControls:
 
         ``output_type`` (an attrs class, a dataclass, a ``TypedDict`` or a JSON-schema dict)
         asks the turn for structured output: ``RunResult.output`` is then an instance of it
-        (a dict for a schema).
+        (a dict for a schema). Without one, the agent's ``AgentOptions.output_type`` (if
+        set) is asked for.
 
         Raises:
             ToolDefinitionError: ``output_type`` has no JSON schema.
             TypeError: ``output_type`` does not describe a JSON object.
         """
         agent: Driven = self  # type: ignore[assignment]  # only Agent mixes this in
+        if output_type is None:
+            output_type = agent.options.output_type
         spec = None if output_type is None else output_spec(output_type)
         return construct(Run, agent, content, source, output_type, spec)
 

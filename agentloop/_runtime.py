@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib
 import inspect
 import logging
 import os
+import pkgutil
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -41,8 +43,10 @@ def _resolve_plugin(spec: object) -> tuple[str, Plugin]:
                 raise ConfigError(
                     f"plugins: {spec!r} needs {exc.name!r}, which is not installed"
                 ) from exc
-            raise ConfigError(f"plugins: unknown plugin {spec!r} (no module {module_name!r})")\
-                from None
+            raise ConfigError(
+                f"plugins: unknown plugin {spec!r} (no module {module_name!r})"
+                + _did_you_mean(spec)
+            ) from None
         plugin = getattr(module, "plugin", None)
         if plugin is None:
             raise ConfigError(f"plugins: module {module_name!r} has no 'plugin' entry point")
@@ -50,6 +54,18 @@ def _resolve_plugin(spec: object) -> tuple[str, Plugin]:
     if callable(spec):
         return getattr(spec, "__name__", repr(spec)), spec
     raise ConfigError(f"plugins: {spec!r} is neither a plugin name nor a callable")
+
+
+def _did_you_mean(spec: str) -> str:
+    """``"; did you mean 'retry'?"`` from the installed ``agentloop_*`` modules, or ``""``."""
+    installed = sorted(
+        m.name.removeprefix("agentloop_") for m in pkgutil.iter_modules()
+        if m.name.startswith("agentloop_")
+    )
+    close = difflib.get_close_matches(spec.removeprefix("agentloop_"), installed, n=1)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    return f"; installed: {', '.join(installed)}" if installed else ""
 
 
 class _StartedOnce:

@@ -128,21 +128,24 @@ class _Run:
         call, tool, bus = slot.call, slot.tool, self.rt.bus
         assert tool is not None
         assert slot.arguments is not None
+        decision = None
         if bus.has_handlers(ToolPreExecute):
             decision = await bus.emit(ToolPreExecute(self.agent_id, call, tool.spec))
-            if isinstance(decision, Ask):
-                answer = None
-                if bus.has_handlers(ToolApproval):
-                    answer = await bus.emit(ToolApproval(self.agent_id, call, decision.prompt))
-                if isinstance(answer, Deny):
-                    slot.result = ToolResult.error("DENIED", f"call denied: {answer.reason}")
-                    return
-                if not isinstance(answer, Allow):
-                    self._park(slot, decision.prompt)
-                    return
-            elif isinstance(decision, Deny):
-                slot.result = ToolResult.error("DENIED", f"call denied: {decision.reason}")
+        if tool.requires_approval and not isinstance(decision, (Ask, Deny)):
+            decision = Ask(f"run {tool.name}?")
+        if isinstance(decision, Ask):
+            answer = None
+            if bus.has_handlers(ToolApproval):
+                answer = await bus.emit(ToolApproval(self.agent_id, call, decision.prompt))
+            if isinstance(answer, Deny):
+                slot.result = ToolResult.error("DENIED", f"call denied: {answer.reason}")
                 return
+            if not isinstance(answer, Allow):
+                self._park(slot, decision.prompt)
+                return
+        elif isinstance(decision, Deny):
+            slot.result = ToolResult.error("DENIED", f"call denied: {decision.reason}")
+            return
         await self._guard(slot)
 
     def _check(self, slot: _Slot) -> bool:

@@ -10,16 +10,25 @@ from ._bus import EventBus
 from ._errors import SettingsError
 from ._events import SettingChanged
 
-__all__ = ["Settings", "MAX_PARALLEL_TOOL_CALLS", "APPROVAL_TIMEOUT", "CRASHED_TURN"]
+__all__ = [
+    "Settings", "MAX_PARALLEL_TOOL_CALLS", "APPROVAL_TIMEOUT", "CRASHED_TURN", "MAX_STEPS_PER_TURN",
+]
 
 MAX_PARALLEL_TOOL_CALLS = "agent-loop.max_parallel_tool_calls"
 APPROVAL_TIMEOUT = "agent-loop.approval_timeout"
 CRASHED_TURN = "agent-loop.crashed_turn"
+MAX_STEPS_PER_TURN = "agent-loop.max_steps_per_turn"
 
 
 def _positive_int(key: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise SettingsError(f"{key}: must be a positive integer, got {value!r}")
+    return value
+
+
+def _count_or_zero(key: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SettingsError(f"{key}: must be a non-negative integer (0: no limit), got {value!r}")
     return value
 
 
@@ -44,6 +53,8 @@ _SCHEMA: dict[str, tuple[Callable[[str, object], Any], Any]] = {
     MAX_PARALLEL_TOOL_CALLS: (_positive_int, 10),
     APPROVAL_TIMEOUT: (_positive_seconds_or_none, None),
     CRASHED_TURN: (_crashed_turn, "close"),
+    # A model that keeps calling tools would otherwise run until killed.
+    MAX_STEPS_PER_TURN: (_count_or_zero, 50),
     "subagents.max_depth": (_positive_int, 3),
     "subagents.max_children": (_positive_int, 8),
 }
@@ -52,16 +63,21 @@ _SCHEMA: dict[str, tuple[Callable[[str, object], Any], Any]] = {
 class Settings:
     """``ctx.settings``: typed keys with defaults; a bad write raises and changes nothing.
 
-    Known keys: ``agent-loop.max_parallel_tool_calls`` (positive int, default 10), read by
-    each agent at the start of every tool group, so a write applies to the next group;
-    ``agent-loop.approval_timeout`` (positive seconds or ``None``, the default: no limit),
-    ``subagents.max_depth`` and ``subagents.max_children`` (positive ints, defaults 3 and 8:
-    how deep a tree of sub-agents may grow, and how many live children one agent may own);
-    ``agent-loop.crashed_turn`` (``"close"``, the default, or ``"continue"``: what resuming a
-    session does with the turn a crash left open, unless ``resume`` says), and
-    ``agent-loop.approval_timeout``
-    after which a call parked for approval is answered ``DENIED``, read whenever a parked
-    call is checked, so a write applies to the calls already waiting.
+    Known keys:
+
+    - ``agent-loop.max_parallel_tool_calls`` (positive int, default 10), read by each agent
+      at the start of every tool group, so a write applies to the next group;
+    - ``agent-loop.approval_timeout`` (positive seconds or ``None``, the default: no limit),
+      after which a call parked for approval is answered ``DENIED``, read whenever a parked
+      call is checked, so a write applies to the calls already waiting;
+    - ``agent-loop.max_steps_per_turn`` (non-negative int, default 50; ``0``: no limit), the
+      model calls one turn may make: a turn that has made that many ends ``aborted`` with
+      cause ``step_limit`` before its next call; read before every step;
+    - ``agent-loop.crashed_turn`` (``"close"``, the default, or ``"continue"``): what resuming
+      a session does with the turn a crash left open, unless ``resume`` says;
+    - ``subagents.max_depth`` and ``subagents.max_children`` (positive ints, defaults 3 and
+      8): how deep a tree of sub-agents may grow, and how many live children one agent may
+      own.
     """
 
     def __init__(self, bus: EventBus, initial: Mapping[str, Any] | None = None) -> None:

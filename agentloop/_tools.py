@@ -16,7 +16,7 @@ from ._json import FrozenDict, freeze_object
 from ._model import Content, ToolCall, ToolSpec
 from ._schema import Validator, compile_validator
 
-__all__ = ["Tool", "ToolRegistry", "Concurrency", "Policy", "truncate_content"]
+__all__ = ["Tool", "ToolRegistry", "Concurrency", "Policy", "truncate_content", "tool"]
 
 Concurrency: TypeAlias = Literal["exclusive", "parallel"]
 Policy: TypeAlias = Callable[[ToolCall, "Tool"], Any]
@@ -91,7 +91,7 @@ def truncate_content(limit: int) -> Callable[[Content], Content]:
 class Tool:
     """A tool the model can call.
 
-    Args:
+    Attributes:
         name: what the model calls it.
         description: what it does, for the model.
         parameters: the JSON schema of its arguments (an object schema).
@@ -108,6 +108,9 @@ class Tool:
             run again when its turn continues (``resume(..., crashed_turn="continue")``);
             otherwise it is answered ``INTERRUPTED_BY_CRASH``, and with persistence its
             ``tool/call`` is stored before its body starts.
+        requires_approval: park every call for a person's answer, as a ``tools/pre-execute``
+            handler returning ``Ask(f"run {name}?")`` would (``agent.pending_approvals``,
+            ``agent.approve``/``deny``); a handler's own ``Ask`` or ``Deny`` still wins.
     """
 
     name: str
@@ -122,6 +125,7 @@ class Tool:
         default=None, repr=False
     )
     idempotent: bool = False
+    requires_approval: bool = attrs.field(default=False, kw_only=True)
     # ``parameters`` compiled once per definition: ``attrs.evolve`` to a new schema builds a
     # new Tool and so a new validator; the frozen schema cannot change under this one.
     validate_arguments: Validator = attrs.field(init=False, repr=False, eq=False)
@@ -160,6 +164,7 @@ def tool_from_function(
     timeout: float | None = None,
     finalize_content: Callable[[Content], Content] | None = None,
     idempotent: bool = False,
+    requires_approval: bool = False,
 ) -> Tool:
     from ._schema import describe_function
 
@@ -175,7 +180,41 @@ def tool_from_function(
         finalize_content=finalize_content,
         to_kwargs=described.to_call_kwargs,
         idempotent=idempotent,
+        requires_approval=requires_approval,
     )
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    concurrency: Concurrency = "exclusive",
+    classify: Callable[[Mapping[str, Any]], Concurrency] | None = None,
+    timeout: float | None = None,
+    finalize_content: Callable[[Content], Content] | None = None,
+    idempotent: bool = False,
+    requires_approval: bool = False,
+) -> Any:
+    """Decorator: an annotated, documented function as a :class:`Tool`, registered nowhere.
+
+    Pass the tool to ``open_agent(..., tools=[...])`` or ``ctx.tools.register``. Used bare
+    (``@tool``) or with options (``@tool(requires_approval=True)``); the options are those of
+    ``ctx.tools.tool``. A plain ``def`` runs in a worker thread.
+
+    Raises:
+        ToolDefinitionError: a parameter without an annotation, a generator, a bad option.
+    """
+
+    def decorate(f: Callable[..., Any]) -> Tool:
+        return tool_from_function(
+            f, name=name, concurrency=concurrency, classify=classify, timeout=timeout,
+            finalize_content=finalize_content, idempotent=idempotent,
+            requires_approval=requires_approval,
+        )
+
+    if fn is not None:
+        return decorate(fn)
+    return decorate
 
 
 @attrs.define(eq=False, slots=True)
@@ -267,11 +306,13 @@ class ToolsFacade:
         timeout: float | None = None,
         finalize_content: Callable[[Content], Content] | None = None,
         idempotent: bool = False,
+        requires_approval: bool = False,
     ) -> Any:
         """Decorator: turn an annotated, documented function into a registered tool.
 
         An ``async def`` runs on the agent's trio task tree; a plain ``def`` runs in a worker
         thread (``trio.to_thread.run_sync``), so blocking code does not stall the runtime.
+        ``requires_approval=True`` parks every call until ``agent.approve``/``deny``.
         """
         if concurrency not in _CONCURRENCY:
             raise ToolDefinitionError(
@@ -282,6 +323,7 @@ class ToolsFacade:
             tool = tool_from_function(
                 f, name=name, concurrency=concurrency, classify=classify, timeout=timeout,
                 finalize_content=finalize_content, idempotent=idempotent,
+                requires_approval=requires_approval,
             )
             self.register(tool)
             return f

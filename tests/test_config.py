@@ -137,7 +137,7 @@ def test_unknown_key_names_its_path_and_the_closest_field() -> None:
     assert "agents[0].modle: unknown key; did you mean 'model'?" in message
     message = _error({"persistence": {"backend": "sqlite", "pth": "p", "path": "p"}})
     assert "persistence.pth: unknown key; did you mean 'path'?" in message
-    message = _error({"providers": {"x": {"kind": "openai", "base_ulr": "u", "base_url": "u"}}})
+    message = _error({"providers": {"x": {"kind": "openai", "base_ulr": "u", "base_url": "https://u"}}})
     assert "providers.x.base_ulr: unknown key; did you mean 'base_url'?" in message
 
 
@@ -210,7 +210,7 @@ def test_direct_construction_is_validated() -> None:
     with pytest.raises(ConfigError, match="mutually exclusive"):
         AgentConfig(id="a", session_id="s", resume_session_id="r")
     with pytest.raises(ConfigError, match="max_tokens"):
-        ProviderConfig(kind="openai", base_url="u", max_tokens=False)
+        ProviderConfig(kind="openai", base_url="https://u", max_tokens=False)
 
 
 def test_duplicate_agent_ids_name_both_indices() -> None:
@@ -227,7 +227,8 @@ def test_collection_shapes() -> None:
 
 def test_provider_errors() -> None:
     message = _error(
-        {"providers": {"oa": {"kind": "azure", "base_url": "u", "headers": {"X": 1}}, "x": 3}}
+        {"providers": {"oa": {"kind": "azure", "base_url": "https://u", "headers": {"X": 1}},
+                       "x": 3}}
     )
     expected = "must be one of 'openai', 'openai-responses', 'anthropic', got 'azure'"
     assert f"providers.oa.kind: {expected}" in message
@@ -245,23 +246,23 @@ def test_section_values_must_be_json() -> None:
 
 def test_api_key_not_in_repr_or_mapping() -> None:
     config = load_config(
-        {"providers": {"a": {"kind": "anthropic", "base_url": "u", "api_key": "sk-SECRET"}}}
+        {"providers": {"a": {"kind": "anthropic", "base_url": "https://u", "api_key": "sk-SECRET"}}}
     )
     provider = config.providers["a"]
     assert provider.api_key == "sk-SECRET"
     assert "sk-SECRET" not in repr(provider)
     assert "sk-SECRET" not in repr(config)
     assert "api_key" not in to_mapping(config)["providers"]["a"]
-    assert to_mapping(config) == {"providers": {"a": {"kind": "anthropic", "base_url": "u"}}}
+    assert to_mapping(config) == {"providers": {"a": {"kind": "anthropic", "base_url": "https://u"}}}
 
 
 def test_resolve_api_key() -> None:
-    explicit = ProviderConfig(kind="openai", base_url="u", api_key="k1", api_key_env="KEY")
-    from_env = ProviderConfig(kind="openai", base_url="u", api_key_env="KEY")
+    explicit = ProviderConfig(kind="openai", base_url="https://u", api_key="k1", api_key_env="KEY")
+    from_env = ProviderConfig(kind="openai", base_url="https://u", api_key_env="KEY")
     assert explicit.resolve_api_key({"KEY": "k2"}) == "k1"
     assert from_env.resolve_api_key({"KEY": "k2"}) == "k2"
     assert from_env.resolve_api_key({}) is None
-    assert ProviderConfig(kind="openai", base_url="u").resolve_api_key({"KEY": "k"}) is None
+    assert ProviderConfig(kind="openai", base_url="https://u").resolve_api_key({"KEY": "k"}) is None
 
 
 def test_missing_file_names_the_path(tmp_path: Path) -> None:
@@ -324,16 +325,16 @@ SECRET = "sk-SECRET-value-42"
     ("source", "expected"),
     [
         ({"api_key": SECRET}, "api_key: unknown top-level key"),
-        ({"providers": {"x": {"kind": "openai", "base_url": "u", "api_key": [SECRET]}}},
+        ({"providers": {"x": {"kind": "openai", "base_url": "https://u", "api_key": [SECRET]}}},
          "providers.x.api_key: expected a string, got ***"),
-        ({"providers": {"x": {"kind": "openai", "base_url": "u", "api_key": 1234}}},
+        ({"providers": {"x": {"kind": "openai", "base_url": "https://u", "api_key": 1234}}},
          "providers.x.api_key: expected a string, got ***"),
         ({"providers": {"api_key": SECRET}}, "providers.api_key: expected a table, got ***"),
         ({"persistence": {"backend": "sqlite", "path": "p", "api_key": SECRET}},
          "persistence.api_key: unknown key"),
         ({"agents": [{"id": "a", "token": SECRET}]}, "agents[0].token: unknown key"),
         ({"agents": {"id": "a", "password": SECRET}}, "agents: expected an array, got {"),
-        ({"providers": {"x": {"kind": "openai", "base_url": "u",
+        ({"providers": {"x": {"kind": "openai", "base_url": "https://u",
                               "headers": {"Authorization": 7, "X-Api-Key": SECRET}}}},
          "providers.x.headers.Authorization: expected a string, got ***"),
         ({"settings": SECRET, "client_secret": SECRET},

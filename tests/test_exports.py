@@ -8,7 +8,7 @@ import agentloop.testing.strategies
 
 EXPECTED = {
     agentloop: {
-        "open_runtime", "Context", "Config", "AgentConfig", "ProviderConfig",
+        "open_agent", "tool", "open_runtime", "Context", "Config", "AgentConfig", "ProviderConfig",
         "PersistenceConfig", "Agent", "AgentHandle", "AgentOptions", "Inbox", "InboxMessage",
         "MessageId", "Session", "SessionEvent", "Message", "ToolCall", "CallConfig", "Tool",
         "ToolSpec", "ToolResult", "truncate_content", "FrozenDict", "Disposer", "Lagged",

@@ -31,7 +31,7 @@ PUBLIC = {
 LAYERS: list[tuple[str, set[str]]] = [
     ("app", {"__main__", "_cli", "_cli_render", "_cli_screen", "_cli_agents", "_cli_mcp_serve",
              "_cli_acp", "_cli_ui", "_cli_main"}),
-    ("public", {"__init__", "events", "testing", "_catalog"}),
+    ("public", {"__init__", "events", "testing", "_catalog", "_front"}),
     ("runtime", {"_runtime"}),
     ("plugin", {"_plugin"}),
     ("context", {"_context"}),
