@@ -1,15 +1,21 @@
 """Hypothesis strategies for lifecycle races (needs ``hypothesis``, a test dependency).
 
-``operations()`` draws lists of :class:`~agentloop.testing.Operation` values and
-``model_scripts()`` lists of model behaviours; hand both to :func:`run_race`::
+``operations()`` draws lists of :class:`~agentloop.testing.Operation` values,
+``model_scripts()`` lists of model behaviours and ``seeds()`` the seed of trio's scheduling
+tie-breaks; hand all three to :func:`run_race`::
 
     from hypothesis import given
     from agentloop.testing import run_race
     from agentloop.testing import strategies as als
 
-    @given(ops=als.operations(), script=als.model_scripts())
-    def test_my_plugin_survives_races(ops, script):
-        run_race(ops, script=script, build=build_with_my_plugin)
+    @given(ops=als.operations(), script=als.model_scripts(), seed=als.seeds())
+    def test_my_plugin_survives_races(ops, script, seed):
+        run_race(ops, script=script, seed=seed, plugins=[my_plugin])
+
+The draw is biased toward what finds lifecycle races: operations armed to land mid-tool,
+mid-stream or inside a synchronous handler at an extension point (:class:`When`), answers to
+parked approvals, an approve and a cancel in one tick (:class:`Together`), keep-inbox cancels
+behind queued input, closes, resumes, crashes and the passing of virtual time.
 
 Users' own operations join the mix through ``operations(extra=[my_strategy, ...])``: any
 strategy of objects with ``async def apply(self, race)`` (see :class:`Operation`).
@@ -17,33 +23,43 @@ strategy of objects with ``async def apply(self, race)`` (see :class:`Operation`
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from hypothesis import strategies as st
 
+from ._ops import POINTS
 from ._race import (
+    DEFAULT_SCRIPT,
     DEFAULT_TOOLS,
     Advance,
+    Approve,
     Behaviour,
     CallTools,
     Cancel,
     Close,
+    Crash,
     CreateSameId,
+    Deny,
     Edit,
     Exit,
     Fail,
     Followup,
     Inject,
+    Instant,
     MaxTokens,
     Operation,
     Race,
     Remove,
+    Resume,
     Say,
     Settle,
     Spawn,
     Stall,
     Steer,
+    Subscribe,
     Think,
+    Together,
+    When,
     WriteSetting,
     run_race,
 )
@@ -51,74 +67,109 @@ from ._race import (
 __all__ = [
     "operations",
     "model_scripts",
+    "seeds",
     "OPERATION_KINDS",
+    "DEFAULT_KINDS",
+    "WEIGHTS",
+    "POINTS",
+    "DEFAULT_TOOLS",
+    "DEFAULT_SCRIPT",
     "run_race",
     "Race",
     "Operation",
+    "Instant",
     "Followup", "Steer", "Inject", "Edit", "Remove", "Cancel", "Close", "CreateSameId",
-    "WriteSetting", "Advance", "Settle", "Spawn", "Exit",
+    "WriteSetting", "Advance", "Settle", "Spawn", "Exit", "Approve", "Deny", "Together",
+    "When", "Resume", "Subscribe", "Crash",
     "Behaviour", "Say", "Think", "CallTools", "Fail", "Stall", "MaxTokens",
 ]
 
 OPERATION_KINDS = (
     "followup", "steer", "inject", "edit", "remove", "cancel", "cancel_keep_inbox", "close",
-    "create_same_id", "write_setting", "advance", "settle", "spawn", "exit",
+    "create_same_id", "write_setting", "advance", "settle", "spawn", "exit", "approve", "deny",
+    "together", "when", "resume", "subscribe", "crash",
 )
 """Every built-in operation kind; ``spawn`` acts only where ``ctx.subagents`` exists, and
 ``exit`` leaves the runtime at once (turns in flight are disposed; later operations skipped)."""
 
+DEFAULT_KINDS = tuple(k for k in OPERATION_KINDS if k != "exit")
+"""The kinds drawn by default: all but ``exit`` (after which ``check`` would run mid-turn)."""
+
+WEIGHTS: Mapping[str, int] = {
+    "followup": 4, "steer": 3, "inject": 1, "edit": 1, "remove": 1, "cancel": 2,
+    "cancel_keep_inbox": 3, "close": 2, "create_same_id": 1, "write_setting": 1,
+    "advance": 3, "settle": 1, "spawn": 1, "exit": 1, "approve": 2, "deny": 1,
+    "together": 2, "when": 5, "resume": 1, "subscribe": 1, "crash": 1,
+}
+"""How often each kind is drawn relative to the others (an ``extra`` strategy weighs 1)."""
+
 _TEXT = st.sampled_from(["hi", "go on", "stop that", "why?", "and then"])
 
 
+def _instant(agents: st.SearchStrategy[int]) -> st.SearchStrategy[Instant]:
+    """What lands mid-turn: the run controls and input, the close and the approvals."""
+    return st.one_of(
+        st.builds(Cancel, agents, st.booleans()),
+        st.builds(Steer, agents, _TEXT),
+        st.builds(Followup, agents, _TEXT),
+        st.builds(Close, agents),
+        st.builds(Approve, agents, st.integers(0, 2)),
+        st.builds(Deny, agents, st.integers(0, 2)),
+        st.builds(Spawn, _TEXT),
+    )
+
+
 def _kind(name: str, agents: st.SearchStrategy[int]) -> st.SearchStrategy[Operation]:
-    if name == "followup":
-        return st.builds(Followup, agents, _TEXT)
-    if name == "steer":
-        return st.builds(Steer, agents, _TEXT)
-    if name == "inject":
-        return st.builds(Inject, agents, _TEXT)
-    if name == "edit":
-        return st.builds(Edit, agents, st.integers(0, 3), _TEXT)
-    if name == "remove":
-        return st.builds(Remove, agents, st.integers(0, 3))
-    if name == "cancel":
-        return st.builds(Cancel, agents, st.just(False))
-    if name == "cancel_keep_inbox":
-        return st.builds(Cancel, agents, st.just(True))
-    if name == "close":
-        return st.builds(Close, agents)
-    if name == "create_same_id":
-        return st.builds(CreateSameId, agents)
-    if name == "write_setting":
+    simple: dict[str, st.SearchStrategy[Operation]] = {
+        "followup": st.builds(Followup, agents, _TEXT),
+        "steer": st.builds(Steer, agents, _TEXT),
+        "inject": st.builds(Inject, agents, _TEXT),
+        "edit": st.builds(Edit, agents, st.integers(0, 3), _TEXT),
+        "remove": st.builds(Remove, agents, st.integers(0, 3)),
+        "cancel": st.builds(Cancel, agents, st.just(False)),
+        "cancel_keep_inbox": st.builds(Cancel, agents, st.just(True)),
+        "close": st.builds(Close, agents),
+        "create_same_id": st.builds(CreateSameId, agents),
         # Zero is invalid: the write is refused and must change nothing.
-        return st.builds(WriteSetting, st.just("agent-loop.max_parallel_tool_calls"),
-                         st.integers(0, 4))
-    if name == "advance":
-        return st.builds(Advance, st.integers(0, 6).map(float))
-    if name == "settle":
-        return st.just(Settle())
-    if name == "spawn":
-        return st.builds(Spawn, _TEXT)
-    if name == "exit":
-        return st.just(Exit())
-    raise ValueError(f"unknown operation kind {name!r}; known: {', '.join(OPERATION_KINDS)}")
+        "write_setting": st.builds(WriteSetting, st.just("agent-loop.max_parallel_tool_calls"),
+                                   st.integers(0, 4)),
+        "advance": st.builds(Advance, st.sampled_from([0.5, 1.0, 2.0, 3.0, 6.0, 40.0])),
+        "settle": st.just(Settle()),
+        "spawn": st.builds(Spawn, _TEXT),
+        "exit": st.just(Exit()),
+        "approve": st.builds(Approve, agents, st.integers(0, 2)),
+        "deny": st.builds(Deny, agents, st.integers(0, 2)),
+        "together": st.builds(lambda a, keep: Together((Approve(a), Cancel(a, keep))),
+                              agents, st.booleans()),
+        "when": st.builds(When, st.sampled_from(POINTS), _instant(agents)),
+        "resume": st.builds(Resume, agents),
+        "subscribe": st.builds(Subscribe, st.integers(1, 2), st.just(1.0)),
+        "crash": st.builds(Crash, st.integers(0, 12)),
+    }
+    if name not in simple:
+        raise ValueError(f"unknown operation kind {name!r}; known: {', '.join(OPERATION_KINDS)}")
+    return simple[name]
 
 
 def operations(
     *,
     agents: int = 2,
-    kinds: Iterable[str] = OPERATION_KINDS,
+    kinds: Iterable[str] = DEFAULT_KINDS,
     extra: Sequence[st.SearchStrategy[Operation]] = (),
     min_size: int = 1,
-    max_size: int = 14,
+    max_size: int = 12,
+    weights: Mapping[str, int] = WEIGHTS,
 ) -> st.SearchStrategy[list[Operation]]:
     """Lists of operations over ``agents`` agents (by index into the race's handles).
 
-    ``kinds`` narrows the built-in operations (names in :data:`OPERATION_KINDS`); ``extra``
-    adds strategies of your own operations, drawn as often as any built-in kind.
+    ``kinds`` narrows the built-in operations (names in :data:`OPERATION_KINDS`), drawn as
+    often as ``weights`` says; ``extra`` adds strategies of your own operations.
     """
     index = st.integers(0, max(agents, 1) - 1)
-    choices = [_kind(k, index) for k in kinds] + list(extra)
+    choices: list[st.SearchStrategy[Operation]] = []
+    for k in kinds:
+        choices.extend([_kind(k, index)] * max(1, weights.get(k, 1)))
+    choices.extend(extra)
     if not choices:
         raise ValueError("operations() needs at least one kind or extra strategy")
     return st.lists(st.one_of(choices), min_size=min_size, max_size=max_size)
@@ -131,20 +182,29 @@ def model_scripts(
     max_size: int = 4,
     failures: bool = True,
 ) -> st.SearchStrategy[list[Behaviour]]:
-    """Scripts of model behaviours: text, reasoning, tool calls of ``tools``, provider errors
-    (``failures``), stalls and max-tokens. The model plays one per call, cycling."""
+    """Scripts of model behaviours: text, reasoning, tool calls of ``tools`` (one or several
+    in parallel), provider errors (``failures``), stalls and max-tokens. The model plays one
+    per call, cycling. Tool calls and stalls are drawn most, since turns that take time are
+    where operations land mid-turn."""
     options: list[st.SearchStrategy[Behaviour]] = [
         st.builds(Say, _TEXT),
         st.builds(Think, _TEXT, _TEXT),
-        st.builds(Stall, st.integers(1, 4).map(float), _TEXT),
+        st.builds(Stall, st.sampled_from([1.0, 2.0, 4.0]), _TEXT),
+        st.builds(Stall, st.sampled_from([1.0, 2.0, 4.0]), _TEXT),
         st.builds(MaxTokens, _TEXT),
     ]
     if tools:
-        options.append(st.builds(
+        calls = st.builds(
             CallTools, st.lists(st.sampled_from(list(tools)), min_size=1, max_size=3).map(tuple),
             st.sampled_from(["", "let me check"]),
-        ))
+        )
+        options.extend([calls, calls, calls])
     if failures:
         options.append(st.builds(Fail, st.sampled_from([None, 429, 500, 503]),
                                  st.integers(0, 2)))
     return st.lists(st.one_of(options), min_size=min_size, max_size=max_size)
+
+
+def seeds() -> st.SearchStrategy[int]:
+    """Seeds of trio's scheduling tie-breaks (shrinking toward 0)."""
+    return st.integers(0, 2**32 - 1)
