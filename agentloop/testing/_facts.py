@@ -10,7 +10,7 @@ from ._ops import Race
 if TYPE_CHECKING:
     from .._agent import Agent
 
-__all__ = ["check_facts", "check_probe"]
+__all__ = ["check_facts", "check_probe", "check_released"]
 
 _NOT_AFTER_CANCEL = frozenset({"completed", "max-tokens"})
 
@@ -82,6 +82,15 @@ def check_leases(race: Race, live: Sequence[Agent]) -> None:
         if holder is None:
             raise AssertionError(f"agent {agent.id!r} is live but its session's lease is free "
                                  "in the store; expected it held while the agent lives")
+
+
+def check_released(race: Race) -> None:
+    """Once the runtime closed, the race's store holds no lease: every agent gave its back."""
+    store = race.state.get("store")
+    if store is not None and not store.crashed and store.leases:
+        sid = sorted(store.leases)[0]
+        raise AssertionError(f"the runtime closed but the store still holds the lease of "
+                             f"session {sid!r}; expected every lease released at disposal")
 
 
 def check_facts(race: Race, live: Sequence[Agent], *, quiescent: bool) -> None:

@@ -37,7 +37,7 @@ __all__ = [
     "Race", "Operation", "Instant",
     "Followup", "Steer", "Inject", "Edit", "Remove", "Cancel", "Close", "CreateSameId",
     "WriteSetting", "Advance", "Settle", "Spawn", "Exit", "Approve", "Deny", "Together",
-    "When", "Resume", "Subscribe", "Crash", "POINTS", "open_turn",
+    "When", "Resume", "Subscribe", "Crash", "Hold", "POINTS", "HOOK_POINTS", "open_turn",
 ]
 
 POINTS = (
@@ -48,6 +48,8 @@ POINTS = (
 the synchronous handlers of ``agent/pre-step``, ``agent/request``, ``agent/step-result``,
 ``tools/pre-execute``, ``tools/approval``, ``agent/turn-continuation``, ``agent/turn-end``
 and ``agent/status``."""
+HOOK_POINTS = POINTS[2:-1]
+"""Where :class:`Hold` can make a handler wait: the hooks among :data:`POINTS`."""
 
 
 @runtime_checkable
@@ -376,6 +378,21 @@ class When(Instant):
                 race.note(f"{self!r} was refused: {exc!r}")
 
         race.probe.arm(self.point, fire)
+
+
+@attrs.frozen
+class Hold(Instant):
+    """The next time the race reaches the extension point ``point`` (a hook: not
+    ``tool-start``, ``stream`` or ``status``), its handler awaits ``seconds`` of virtual time,
+    as a plugin's slow hook would, so that later operations land inside it."""
+
+    point: str
+    seconds: float = 1.0
+
+    def now(self, race: Race) -> None:
+        if self.point not in HOOK_POINTS:
+            raise ValueError(f"{self.point!r} is not a hook point; known: {', '.join(HOOK_POINTS)}")
+        race.probe.holds[self.point] = self.seconds
 
 
 @attrs.frozen

@@ -35,7 +35,7 @@ from .._events import AgentDisposed as AgentDisposedEvent
 from .._errors import SessionIdInUse
 from .._runtime import open_runtime
 from ._checks import check_history, check_inbox, check_log
-from ._facts import check_facts, check_probe
+from ._facts import check_facts, check_probe, check_released
 from ._ops import (
     Advance,
     Approve,
@@ -47,6 +47,7 @@ from ._ops import (
     Edit,
     Exit,
     Followup,
+    Hold,
     Inject,
     Instant,
     Operation,
@@ -92,7 +93,7 @@ __all__ = [
     # operations
     "Followup", "Steer", "Inject", "Edit", "Remove", "Cancel", "Close", "CreateSameId",
     "WriteSetting", "Advance", "Settle", "Spawn", "Exit", "Approve", "Deny", "Together",
-    "When", "Resume", "Subscribe", "Crash",
+    "When", "Resume", "Subscribe", "Crash", "Hold",
     # model behaviours
     "Say", "Think", "CallTools", "Fail", "Stall", "MaxTokens", "Behaviour",
 ]
@@ -301,8 +302,19 @@ def _record(ctx: Context, example: _Example) -> list[Any]:
     ctx.events.on(AgentCreated, created)
     ctx.events.on(AgentDisposedEvent, disposed)
     for point, cls in _POINT_EVENTS:
-        ctx.events.on(cls, lambda _e, p=point: probe.reach(p))
+        ctx.events.on(cls, _at(probe, point) if cls.kind == "hook"
+                      else (lambda _e, p=point: probe.reach(p)))
     return events
+
+
+def _at(probe: Probe, point: str) -> Callable[[Event], Awaitable[None]]:
+    async def at(_: Event) -> None:
+        probe.reach(point)
+        seconds = probe.holds.pop(point, None)
+        if seconds is not None:
+            await trio.sleep(seconds)  # a plugin's slow hook: later operations land inside
+
+    return at
 
 
 async def _build(ctx: Context, example: _Example) -> list[AgentHandle]:
@@ -401,6 +413,7 @@ def _check_closed(race: Race, example: _Example) -> None:
             raise AssertionError(f"agent {agent.id!r} reads status {agent.status!r} after its "
                                  "runtime closed; expected 'disposed'")
     check_probe(race)
+    check_released(race)
 
 
 def _check_session(

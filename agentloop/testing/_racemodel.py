@@ -8,6 +8,7 @@ is recorded as a violation (no body may start after its turn's cancel).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import json
 import math
@@ -60,6 +61,7 @@ class Probe:
         self.violations: list[str] = []
         self.armed: list[tuple[str, Callable[[], None]]] = []
         self.reached: dict[str, int] = {}
+        self.holds: dict[str, float] = {}
 
     def arm(self, point: str, action: Callable[[], None]) -> None:
         """Run ``action`` (synchronously) the next time ``point`` is reached."""
@@ -190,8 +192,9 @@ class RaceModel(ModelAdapter):
             _reach("stream")
             raise ProviderError(status=b.status, code="race_failure")
         elif isinstance(b, CallTools):
-            async for part in _calls(b, request):
-                yield part
+            async with contextlib.aclosing(_calls(b, request)) as parts:
+                async for part in parts:
+                    yield part
         else:
             if isinstance(b, Think):
                 for piece in _words(b.reasoning):

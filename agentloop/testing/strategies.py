@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from hypothesis import strategies as st
 
-from ._ops import POINTS
+from ._ops import HOOK_POINTS, POINTS
 from ._race import (
     DEFAULT_SCRIPT,
     DEFAULT_TOOLS,
@@ -44,6 +44,7 @@ from ._race import (
     Exit,
     Fail,
     Followup,
+    Hold,
     Inject,
     Instant,
     MaxTokens,
@@ -80,14 +81,14 @@ __all__ = [
     "Instant",
     "Followup", "Steer", "Inject", "Edit", "Remove", "Cancel", "Close", "CreateSameId",
     "WriteSetting", "Advance", "Settle", "Spawn", "Exit", "Approve", "Deny", "Together",
-    "When", "Resume", "Subscribe", "Crash",
+    "When", "Resume", "Subscribe", "Crash", "Hold", "HOOK_POINTS",
     "Behaviour", "Say", "Think", "CallTools", "Fail", "Stall", "MaxTokens",
 ]
 
 OPERATION_KINDS = (
     "followup", "steer", "inject", "edit", "remove", "cancel", "cancel_keep_inbox", "close",
     "create_same_id", "write_setting", "advance", "settle", "spawn", "exit", "approve", "deny",
-    "together", "when", "resume", "subscribe", "crash",
+    "together", "when", "resume", "subscribe", "crash", "hold",
 )
 """Every built-in operation kind; ``spawn`` acts only where ``ctx.subagents`` exists, and
 ``exit`` leaves the runtime at once (turns in flight are disposed; later operations skipped)."""
@@ -99,7 +100,7 @@ WEIGHTS: Mapping[str, int] = {
     "followup": 4, "steer": 3, "inject": 1, "edit": 1, "remove": 1, "cancel": 2,
     "cancel_keep_inbox": 3, "close": 2, "create_same_id": 1, "write_setting": 1,
     "advance": 3, "settle": 1, "spawn": 1, "exit": 1, "approve": 2, "deny": 1,
-    "together": 2, "when": 5, "resume": 1, "subscribe": 1, "crash": 1,
+    "together": 2, "when": 5, "resume": 1, "subscribe": 1, "crash": 1, "hold": 2,
 }
 """How often each kind is drawn relative to the others (an ``extra`` strategy weighs 1)."""
 
@@ -107,16 +108,26 @@ _TEXT = st.sampled_from(["hi", "go on", "stop that", "why?", "and then"])
 
 
 def _instant(agents: st.SearchStrategy[int]) -> st.SearchStrategy[Instant]:
-    """What lands mid-turn: the run controls and input, the close and the approvals."""
+    """What lands mid-turn: the run controls and input, the close and the approvals (stops
+    drawn most)."""
+    cancel = st.builds(Cancel, agents, st.booleans())
+    close = st.builds(Close, agents)
     return st.one_of(
-        st.builds(Cancel, agents, st.booleans()),
+        cancel, cancel, cancel, close, close,
         st.builds(Steer, agents, _TEXT),
         st.builds(Followup, agents, _TEXT),
-        st.builds(Close, agents),
         st.builds(Approve, agents, st.integers(0, 2)),
         st.builds(Deny, agents, st.integers(0, 2)),
         st.builds(Spawn, _TEXT),
     )
+
+
+# Where a When fires, the points inside tools and streams drawn most.
+_POINTS_DRAWN = st.sampled_from([
+    "tool-start", "tool-start", "tool-start", "pre-execute", "step-result", "stream", *POINTS,
+])
+# The kit's tools whose lifecycle matters most (approval, slow cancellation, a sub-agent).
+_LIFECYCLE_TOOLS = ("guarded", "stubborn", "delegate")
 
 
 def _kind(name: str, agents: st.SearchStrategy[int]) -> st.SearchStrategy[Operation]:
@@ -141,14 +152,57 @@ def _kind(name: str, agents: st.SearchStrategy[int]) -> st.SearchStrategy[Operat
         "deny": st.builds(Deny, agents, st.integers(0, 2)),
         "together": st.builds(lambda a, keep: Together((Approve(a), Cancel(a, keep))),
                               agents, st.booleans()),
-        "when": st.builds(When, st.sampled_from(POINTS), _instant(agents)),
+        "when": st.builds(When, _POINTS_DRAWN, _instant(agents)),
         "resume": st.builds(Resume, agents),
         "subscribe": st.builds(Subscribe, st.integers(1, 2), st.just(1.0)),
         "crash": st.builds(Crash, st.integers(0, 12)),
+        "hold": st.builds(Hold, st.sampled_from(HOOK_POINTS), st.sampled_from([1.0, 2.0])),
     }
     if name not in simple:
         raise ValueError(f"unknown operation kind {name!r}; known: {', '.join(OPERATION_KINDS)}")
     return simple[name]
+
+
+def _patterns(agents: st.SearchStrategy[int]) -> list[st.SearchStrategy[list[Operation]]]:
+    """Short sequences on one agent that reach the states where lifecycle races live."""
+    time = st.sampled_from([0.5, 1.0, 2.0, 3.0, 6.0, 40.0]).map(Advance)
+
+    def stop(a: int) -> st.SearchStrategy[Operation]:
+        return st.one_of(
+            st.builds(Cancel, st.just(a), st.booleans()), st.just(Close(a)), st.just(Close(a)),
+            st.builds(lambda keep: Together((Approve(a), Cancel(a, keep))), st.booleans()),
+            st.just(Crash(0)),
+        )
+
+    def queued(a: int) -> st.SearchStrategy[list[Operation]]:
+        # Input queued behind a running turn, then a cancel that keeps or drops it.
+        return st.builds(lambda second, keep: [Followup(a), second, Cancel(a, keep)],
+                         st.sampled_from([Steer(a), Followup(a), Inject(a)]), st.booleans())
+
+    def started(a: int) -> st.SearchStrategy[list[Operation]]:
+        # A turn started, time passing into its stream or its tools, then a stop.
+        return st.builds(lambda t, s: [Followup(a), t, s], time, stop(a))
+
+    def parked(a: int) -> st.SearchStrategy[list[Operation]]:
+        # A turn parked on an approval, answered or raced, closed, resumed, answered.
+        return st.builds(
+            lambda t, answer: [Followup(a), t, answer, Close(a), Resume(a), Approve(a)],
+            time, st.sampled_from([Approve(a), Deny(a), Cancel(a, True), Settle()]),
+        )
+
+    def armed(a: int) -> st.SearchStrategy[list[Operation]]:
+        # A stop armed at a point of the turn a follow-up then starts: mid-tool, mid-stream,
+        # or inside a synchronous handler at an extension point.
+        return st.builds(lambda p, s, t: [When(p, s), Followup(a), t], _POINTS_DRAWN,
+                         stop(a).filter(lambda op: isinstance(op, Instant)), time)
+
+    def held(a: int) -> st.SearchStrategy[list[Operation]]:
+        # A slow hook at an extension point, and a stop that lands while it waits.
+        return st.builds(lambda p, s: [Hold(p, 2.0), Followup(a), Advance(0.5), s],
+                         st.sampled_from(HOOK_POINTS), stop(a))
+
+    return [agents.flatmap(f)
+            for f in (queued, queued, started, started, parked, armed, armed, held)]
 
 
 def operations(
@@ -159,20 +213,32 @@ def operations(
     min_size: int = 1,
     max_size: int = 12,
     weights: Mapping[str, int] = WEIGHTS,
+    patterns: bool = True,
 ) -> st.SearchStrategy[list[Operation]]:
     """Lists of operations over ``agents`` agents (by index into the race's handles).
 
     ``kinds`` narrows the built-in operations (names in :data:`OPERATION_KINDS`), drawn as
-    often as ``weights`` says; ``extra`` adds strategies of your own operations.
+    often as ``weights`` says; ``extra`` adds strategies of your own operations. With
+    ``patterns`` (and the default kinds) the list is also built from short sequences on one
+    agent that reach mid-turn states: queued input then a cancel, a turn started then time
+    then a stop, a parked approval answered, closed and resumed.
     """
     index = st.integers(0, max(agents, 1) - 1)
+    kinds = tuple(kinds)
     choices: list[st.SearchStrategy[Operation]] = []
     for k in kinds:
         choices.extend([_kind(k, index)] * max(1, weights.get(k, 1)))
     choices.extend(extra)
     if not choices:
         raise ValueError("operations() needs at least one kind or extra strategy")
-    return st.lists(st.one_of(choices), min_size=min_size, max_size=max_size)
+    single = st.one_of(choices).map(lambda op: [op])
+    chunks: list[st.SearchStrategy[list[Operation]]] = []
+    if patterns and set(kinds) >= set(DEFAULT_KINDS):
+        chunks.extend(_patterns(index))  # first: hypothesis leans toward early branches
+    chunks.extend([single] * 3)
+    return st.lists(st.one_of(chunks), min_size=1, max_size=max_size).map(
+        lambda parts: [op for part in parts for op in part][:max_size]
+    ).filter(lambda ops: len(ops) >= min_size)
 
 
 def model_scripts(
@@ -186,19 +252,20 @@ def model_scripts(
     in parallel), provider errors (``failures``), stalls and max-tokens. The model plays one
     per call, cycling. Tool calls and stalls are drawn most, since turns that take time are
     where operations land mid-turn."""
-    options: list[st.SearchStrategy[Behaviour]] = [
-        st.builds(Say, _TEXT),
-        st.builds(Think, _TEXT, _TEXT),
-        st.builds(Stall, st.sampled_from([1.0, 2.0, 4.0]), _TEXT),
-        st.builds(Stall, st.sampled_from([1.0, 2.0, 4.0]), _TEXT),
-        st.builds(MaxTokens, _TEXT),
-    ]
+    # The interesting branches first: hypothesis leans toward early ones in small examples.
+    stall = st.builds(Stall, st.sampled_from([1.0, 2.0, 4.0]), _TEXT)
+    options: list[st.SearchStrategy[Behaviour]] = []
     if tools:
         calls = st.builds(
-            CallTools, st.lists(st.sampled_from(list(tools)), min_size=1, max_size=3).map(tuple),
+            CallTools, st.lists(
+                st.sampled_from([*tools, *(t for t in tools if t in _LIFECYCLE_TOOLS)]),
+                min_size=1, max_size=3,
+            ).map(tuple),
             st.sampled_from(["", "let me check"]),
         )
         options.extend([calls, calls, calls])
+    options.extend([stall, stall, st.builds(Say, _TEXT), st.builds(Think, _TEXT, _TEXT),
+                    st.builds(MaxTokens, _TEXT)])
     if failures:
         options.append(st.builds(Fail, st.sampled_from([None, 429, 500, 503]),
                                  st.integers(0, 2)))
