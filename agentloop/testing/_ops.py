@@ -29,6 +29,7 @@ from .._events import AgentStatus, InboxClaimed, InboxDiscarded, InboxInserted
 from ._racemodel import OPTIONS, Probe
 
 if TYPE_CHECKING:
+    from .._agent import Agent
     from .._agents import AgentHandle
     from .._context import Context
     from .._session import Session
@@ -83,6 +84,8 @@ class Race:
     state: dict[str, Any] = attrs.field(factory=dict)
     """Scratch space for your own operations (empty when the race starts)."""
     probe: Probe = attrs.field(factory=Probe)
+    agents: list[Agent] = attrs.field(factory=list)
+    """Every agent the race saw (sub-agents, resumed and same-id ones included)."""
     woken: dict[str, set[str]] = attrs.field(factory=dict)
     """Ids of the waking messages (follow-ups, steers) the race sent, by agent id."""
     cancelled: list[tuple[Session, int]] = attrs.field(factory=list)

@@ -242,11 +242,12 @@ async def _life(example: _Example, store: RaceStore | None, *, resumed: bool
                 example.race = race
                 _seen(race, example)
                 await _apply(race, example)
-            crashed = store is not None and store.crashed
-            exiting = bool(race.state.get("exit")) or crashed
+            exiting = bool(race.state.get("exit")) or (store is not None and store.crashed)
             if not exiting:
                 with trio.fail_after(example.timeout):
                     await _quiesce(race, example)
+            # The process may die while the race settles too (an armed crash point).
+            crashed = store is not None and store.crashed
             _seen(race, example)
             if not crashed:
                 _check_race(race, example, quiescent=not exiting)
@@ -342,8 +343,7 @@ def _seen(race: Race, example: _Example) -> None:
         example.all_agents.setdefault(id(h.agent), h.agent)
     for agent in example.all_agents.values():
         race.sessions.setdefault(id(agent.session), agent.session)
-    race.state.setdefault("agents", list(example.all_agents.values()))
-    race.state["agents"] = list(example.all_agents.values())
+    race.agents[:] = example.all_agents.values()
 
 
 async def _apply(race: Race, example: _Example) -> None:

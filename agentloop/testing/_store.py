@@ -1,8 +1,9 @@
 """The race's session store: in memory, with leases, a flush barrier, and a crash.
 
-Appended events are queued; ``flush`` commits them. ``crash()`` is the process dying: what was
-queued is lost, later writes go nowhere, and the dead owner's leases lapse, so a fresh runtime
-on :meth:`reopened` resumes what was committed.
+Appended events are written through at once (``flush`` checks what was written), so a crash
+between two appends leaves exactly the log up to the first: the worst case a recovery meets.
+``crash()`` is the process dying: later writes go nowhere and the dead owner's leases lapse,
+so a fresh runtime on :meth:`reopened` resumes what was written.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class RaceStore:
         self.sessions: dict[str, tuple[FrozenDict, list[SessionEvent]]] = (
             data if data is not None else {}
         )
-        self.queued: dict[str, list[SessionEvent]] = {}
+        self.broken: set[str] = set()
         self.leases: dict[str, str] = {}
         self.crashed = False
         self.appends = 0
@@ -39,7 +40,6 @@ class RaceStore:
 
     def crash(self) -> None:
         self.crashed = True
-        self.queued.clear()
 
     async def exists(self, session_id: str) -> bool:
         await trio.lowlevel.checkpoint()
@@ -77,26 +77,16 @@ class RaceStore:
             self.crash()  # the process dies between the last append and this one
             return
         self.appends += 1
-        self.queued.setdefault(session_id, []).append(event)
+        stored = self.sessions.get(session_id)
+        if stored is None or (stored[1] and event.seq != stored[1][-1].seq + 1):
+            self.broken.add(session_id)  # refused at the next flush, as a real store would
+            return
+        stored[1].append(event)
 
     async def flush(self, session_id: str, seq: int) -> None:
         await trio.lowlevel.checkpoint()
-        if self.crashed:
-            return
-        queued = self.queued.get(session_id, [])
-        stored = self.sessions.get(session_id)
-        if stored is None:
-            if queued:
-                raise PersistenceError(f"events of session {session_id!r}, never created")
-            return
-        done = [e for e in queued if e.seq <= seq]
-        self.queued[session_id] = [e for e in queued if e.seq > seq]
-        events = stored[1]
-        for e in done:
-            if events and e.seq != events[-1].seq + 1:
-                raise PersistenceError(f"session {session_id!r}: seq {e.seq} after "
-                                       f"{events[-1].seq}")
-            events.append(e)
+        if not self.crashed and session_id in self.broken:
+            raise PersistenceError(f"session {session_id!r}: events that cannot be stored")
 
     async def acquire(self, session_id: str, owner: str) -> None:
         await trio.lowlevel.checkpoint()

@@ -126,6 +126,8 @@ def _instant(agents: st.SearchStrategy[int]) -> st.SearchStrategy[Instant]:
 _POINTS_DRAWN = st.sampled_from([
     "tool-start", "tool-start", "tool-start", "pre-execute", "step-result", "stream", *POINTS,
 ])
+# Where a stop armed before a turn lands: inside its tools and its stream, most of all.
+_ARMED_AT = st.sampled_from(["tool-start", "tool-start", "pre-execute", "step-result", "stream"])
 # The kit's tools whose lifecycle matters most (approval, slow cancellation, a sub-agent).
 _LIFECYCLE_TOOLS = ("guarded", "stubborn", "delegate")
 
@@ -187,14 +189,21 @@ def _patterns(agents: st.SearchStrategy[int]) -> list[st.SearchStrategy[list[Ope
         # A turn parked on an approval, answered or raced, closed, resumed, answered.
         return st.builds(
             lambda t, answer: [Followup(a), t, answer, Close(a), Resume(a), Approve(a)],
-            time, st.sampled_from([Approve(a), Deny(a), Cancel(a, True), Settle()]),
+            time, st.sampled_from([
+                Together((Approve(a), Cancel(a))), Together((Approve(a), Cancel(a, True))),
+                Approve(a), Deny(a), Cancel(a, True), Settle(),
+            ]),
         )
 
     def armed(a: int) -> st.SearchStrategy[list[Operation]]:
         # A stop armed at a point of the turn a follow-up then starts: mid-tool, mid-stream,
         # or inside a synchronous handler at an extension point.
-        return st.builds(lambda p, s, t: [When(p, s), Followup(a), t], _POINTS_DRAWN,
+        return st.builds(lambda p, s, t: [When(p, s), Followup(a), t], _ARMED_AT,
                          stop(a).filter(lambda op: isinstance(op, Instant)), time)
+
+    def watched(a: int) -> st.SearchStrategy[list[Operation]]:
+        # A slow subscriber, then a burst of input it cannot keep up with.
+        return st.just([Subscribe(1, 1.0), Followup(a), Steer(a), Followup(a), Cancel(a)])
 
     def held(a: int) -> st.SearchStrategy[list[Operation]]:
         # A slow hook at an extension point, and a stop that lands while it waits.
@@ -202,7 +211,8 @@ def _patterns(agents: st.SearchStrategy[int]) -> list[st.SearchStrategy[list[Ope
                          st.sampled_from(HOOK_POINTS), stop(a))
 
     return [agents.flatmap(f)
-            for f in (queued, queued, started, started, parked, armed, armed, held)]
+            for f in (queued, queued, started, started, parked, parked, armed, armed, held,
+                      watched)]
 
 
 def operations(
