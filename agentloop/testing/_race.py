@@ -16,6 +16,7 @@ import attrs
 import trio
 import trio.testing
 
+from .._errors import SessionIdInUse
 from .._events import (
     AgentCreated,
     AgentPreStep,
@@ -32,7 +33,6 @@ from .._events import (
     ToolPreExecute,
 )
 from .._events import AgentDisposed as AgentDisposedEvent
-from .._errors import SessionIdInUse
 from .._runtime import open_runtime
 from ._checks import check_history, check_inbox, check_log
 from ._facts import check_facts, check_probe, check_released
@@ -302,10 +302,19 @@ def _record(ctx: Context, example: _Example) -> list[Any]:
 
     ctx.events.on(AgentCreated, created)
     ctx.events.on(AgentDisposedEvent, disposed)
-    for point, cls in _POINT_EVENTS:
-        ctx.events.on(cls, _at(probe, point) if cls.kind == "hook"
-                      else (lambda _e, p=point: probe.reach(p)))
+    for point, hook in _POINT_EVENTS:
+        handler: Callable[[Event], object] = (
+            _at(probe, point) if hook.kind == "hook" else _reach(probe, point)
+        )
+        ctx.events.on(hook, handler)
     return events
+
+
+def _reach(probe: Probe, point: str) -> Callable[[Event], None]:
+    def reach(_: Event) -> None:
+        probe.reach(point)
+
+    return reach
 
 
 def _at(probe: Probe, point: str) -> Callable[[Event], Awaitable[None]]:

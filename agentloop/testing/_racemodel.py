@@ -8,7 +8,6 @@ is recorded as a violation (no body may start after its turn's cancel).
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import json
 import math
@@ -47,7 +46,7 @@ OPTIONS = AgentOptions(provider=PROVIDER, model="race-model")
 # text), so a tree stays two levels deep whatever the parent's script says.
 CHILD_PROVIDER = "race-child"
 CHILD_OPTIONS = AgentOptions(provider=CHILD_PROVIDER, model="race-child")
-DEFAULT_TOOLS = ("fast", "slow", "excl", "guarded", "stubborn", "delegate")
+DEFAULT_TOOLS = ("fast", "slow", "excl", "guarded", "delegate")
 # A turn that keeps calling tools is cut short after this many steps, so every example ends.
 MAX_TOOL_STEPS = 3
 # Longer than the runtime's disposal grace (30 s): a tool that ignores cancellation that long.
@@ -192,9 +191,18 @@ class RaceModel(ModelAdapter):
             _reach("stream")
             raise ProviderError(status=b.status, code="race_failure")
         elif isinstance(b, CallTools):
-            async with contextlib.aclosing(_calls(b, request)) as parts:
-                async for part in parts:
-                    yield part
+            for piece in _words(b.text):
+                yield TextDelta(piece)
+            specs = {s.name: s for s in request.tools}
+            for i, name in enumerate(b.names):
+                await trio.lowlevel.checkpoint()
+                spec = specs.get(name)
+                arguments = example_arguments(spec.parameters) if spec is not None else {}
+                yield ToolCallDelta(i, id=f"call_{request.turn}_{request.step}_{i}",
+                                    name=name, arguments=json.dumps(arguments))
+                if i == 0:
+                    _reach("stream")
+            yield Finish("tool_calls" if b.names else "stop")
         else:
             if isinstance(b, Think):
                 for piece in _words(b.reasoning):
@@ -205,21 +213,6 @@ class RaceModel(ModelAdapter):
                 yield TextDelta(piece)
             _reach("stream")
             yield Finish("max_tokens" if isinstance(b, MaxTokens) else "stop")
-
-
-async def _calls(b: CallTools, request: LLMRequest) -> AsyncIterator[StreamPart]:
-    for piece in _words(b.text):
-        yield TextDelta(piece)
-    specs = {s.name: s for s in request.tools}
-    for i, name in enumerate(b.names):
-        await trio.lowlevel.checkpoint()
-        spec = specs.get(name)
-        arguments = example_arguments(spec.parameters) if spec is not None else {}
-        yield ToolCallDelta(i, id=f"call_{request.turn}_{request.step}_{i}", name=name,
-                            arguments=json.dumps(arguments))
-        if i == 0:
-            _reach("stream")
-    yield Finish("tool_calls" if b.names else "stop")
 
 
 def _reach(point: str) -> None:
@@ -240,16 +233,16 @@ def _sleeper(name: str, seconds: float) -> Callable[..., Awaitable[str]]:
     return run
 
 
-async def _stubborn() -> str:
-    _body_starts("stubborn")
+async def _slow() -> str:
+    _body_starts("slow")
     try:
-        await trio.sleep(3)
+        await trio.sleep(5)
     except trio.Cancelled:
         # Cleans up for longer than the disposal grace: a disposal must still end its turn.
         with trio.CancelScope(shield=True):
             await trio.sleep(STUBBORN_SECONDS)
         raise
-    return "stubborn"
+    return "slow"
 
 
 def _delegate(ctx: Context) -> Callable[..., Awaitable[str]]:
@@ -266,17 +259,16 @@ def _ask_for_guarded(event: ToolPreExecute) -> Any:
 
 
 def register_race_tools(ctx: Context) -> None:
-    """The kit's tools: ``fast`` and ``slow`` (parallel, 1 s and 5 s), ``excl`` (exclusive,
-    2 s), ``guarded`` (1 s, parked for approval by a ``tools/pre-execute`` hook),
-    ``stubborn`` (3 s, and cancelled it cleans up for 45 s, past the disposal grace) and
-    ``delegate`` (runs a sub-agent's turn on provider ``"race-child"``, which stalls 1 s)."""
+    """The kit's tools: ``fast`` and ``slow`` (parallel, 1 s and 5 s; ``slow``, cancelled,
+    cleans up for 45 s, past the disposal grace), ``excl`` (exclusive, 2 s), ``guarded``
+    (1 s, parked for approval by a ``tools/pre-execute`` hook) and ``delegate`` (runs a
+    sub-agent's turn on provider ``"race-child"``, which stalls 1 s)."""
     no_arguments = {"type": "object", "properties": {}, "additionalProperties": False}
     tools: list[tuple[str, str, Callable[..., Awaitable[str]], str]] = [
         ("fast", "Answers after 1 s.", _sleeper("fast", 1), "parallel"),
-        ("slow", "Answers after 5 s.", _sleeper("slow", 5), "parallel"),
+        ("slow", "Answers after 5 s; slow to cancel.", _slow, "parallel"),
         ("excl", "Answers after 2 s, alone.", _sleeper("excl", 2), "exclusive"),
         ("guarded", "Answers after 1 s, once approved.", _sleeper("guarded", 1), "parallel"),
-        ("stubborn", "Answers after 3 s; slow to cancel.", _stubborn, "parallel"),
         ("delegate", "Asks a sub-agent.", _delegate(ctx), "parallel"),
     ]
     for name, description, run, concurrency in tools:

@@ -128,8 +128,10 @@ _POINTS_DRAWN = st.sampled_from([
 ])
 # Where a stop armed before a turn lands: inside its tools and its stream, most of all.
 _ARMED_AT = st.sampled_from(["tool-start", "tool-start", "pre-execute", "step-result", "stream"])
+# Where a slow hook holds a turn: between a reply's anchor and its tools, most of all.
+_HELD_AT = st.sampled_from(["step-result"] * 12 + list(HOOK_POINTS))
 # The kit's tools whose lifecycle matters most (approval, slow cancellation, a sub-agent).
-_LIFECYCLE_TOOLS = ("guarded", "stubborn", "delegate")
+_LIFECYCLE_TOOLS = ("guarded", "slow", "delegate")
 
 
 def _kind(name: str, agents: st.SearchStrategy[int]) -> st.SearchStrategy[Operation]:
@@ -188,10 +190,10 @@ def _patterns(agents: st.SearchStrategy[int]) -> list[st.SearchStrategy[list[Ope
     def parked(a: int) -> st.SearchStrategy[list[Operation]]:
         # A turn parked on an approval, answered or raced, closed, resumed, answered.
         return st.builds(
-            lambda t, answer: [Followup(a), t, answer, Close(a), Resume(a), Approve(a)],
+            lambda t, answer: [Followup(a), t, *answer, Close(a), Resume(a), Approve(a)],
             time, st.sampled_from([
-                Together((Approve(a), Cancel(a))), Together((Approve(a), Cancel(a, True))),
-                Approve(a), Deny(a), Cancel(a, True), Settle(),
+                [Approve(a), Cancel(a)], [Together((Approve(a), Cancel(a)))],
+                [Approve(a), Cancel(a, True)], [Approve(a)], [Deny(a)], [Cancel(a, True)],
             ]),
         )
 
@@ -208,11 +210,11 @@ def _patterns(agents: st.SearchStrategy[int]) -> list[st.SearchStrategy[list[Ope
     def held(a: int) -> st.SearchStrategy[list[Operation]]:
         # A slow hook at an extension point, and a stop that lands while it waits.
         return st.builds(lambda p, s: [Hold(p, 2.0), Followup(a), Advance(0.5), s],
-                         st.sampled_from(HOOK_POINTS), stop(a))
+                         _HELD_AT, stop(a))
 
     return [agents.flatmap(f)
             for f in (queued, queued, started, started, parked, parked, armed, armed, held,
-                      watched)]
+                      held, held, watched)]
 
 
 def operations(
@@ -268,7 +270,7 @@ def model_scripts(
     if tools:
         calls = st.builds(
             CallTools, st.lists(
-                st.sampled_from([*tools, *(t for t in tools if t in _LIFECYCLE_TOOLS)]),
+                st.sampled_from([*tools, *[t for t in tools if t in _LIFECYCLE_TOOLS] * 2]),
                 min_size=1, max_size=3,
             ).map(tuple),
             st.sampled_from(["", "let me check"]),
