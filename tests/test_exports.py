@@ -36,6 +36,11 @@ EXPECTED = {
         "Followup", "Steer", "Inject", "Edit", "Remove", "Cancel", "Close", "CreateSameId",
         "WriteSetting", "Advance", "Settle", "Spawn", "Exit",
         "Behaviour", "Say", "Think", "CallTools", "Fail", "Stall", "MaxTokens",
+        # The race kit's search (issue 33): scheduler seeds, weights and patterns, operations
+        # that land mid-turn, approvals, crash and resume, slow hooks and subscribers.
+        "seeds", "DEFAULT_KINDS", "WEIGHTS", "POINTS", "HOOK_POINTS", "DEFAULT_TOOLS",
+        "DEFAULT_SCRIPT", "Instant", "Approve", "Deny", "Together", "When", "Resume",
+        "Subscribe", "Crash", "Hold",
     },
     agentloop.llm: {
         "OpenAIChatAdapter", "OpenAIResponsesAdapter", "AnthropicAdapter", "ModelAdapter",

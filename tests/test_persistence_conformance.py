@@ -33,14 +33,18 @@ _STORES: dict[Path, dict[str, Any]] = {}
 
 class MemoryBackend:
     def __init__(self, path: Path, *, leases: bool = True, ordered: bool = True,
-                 refuse_bad: bool = True, durable: bool = True) -> None:
+                 refuse_bad: bool = True, durable: bool = True, honest_exists: bool = True,
+                 owned_release: bool = True) -> None:
         self._db = _STORES.setdefault(path, {"sessions": {}, "leases": {}})
         self._leases, self._ordered = leases, ordered
         self._refuse_bad, self._durable = refuse_bad, durable
         self._failed: set[str] = set()
+        self._honest_exists, self._owned_release = honest_exists, owned_release
 
     async def exists(self, session_id: str) -> bool:
         await trio.lowlevel.checkpoint()
+        if not self._honest_exists and self._db["sessions"]:
+            return True  # the flaw: any id "exists" once something is stored
         return session_id in self._db["sessions"]
 
     async def list(self) -> list[agentloop.SessionInfo]:
@@ -83,7 +87,9 @@ class MemoryBackend:
 
     async def release(self, session_id: str, owner: str) -> None:
         await trio.lowlevel.checkpoint()
-        if self._db["leases"].get(session_id) == owner:
+        if self._db["leases"].get(session_id) == owner or (
+            not self._owned_release and session_id in self._db["leases"]
+        ):
             del self._db["leases"][session_id]
 
     async def aclose(self) -> None:
@@ -104,6 +110,8 @@ async def test_a_correct_in_memory_backend_conforms(tmp_path: Path) -> None:
     ({"refuse_bad": False}, ("flush() of events of a session never created: expected "
                             "PersistenceError")),
     ({"durable": False}, "the log after closing and reopening the backend"),
+    ({"honest_exists": False}, "exists() of a session never created, once another is stored"),
+    ({"owned_release": False}, "acquire() after a release by someone who never held"),
 ])
 async def test_a_backend_breaking_one_rule_fails_naming_it(
     tmp_path: Path, flaw: dict[str, bool], message: str

@@ -37,9 +37,15 @@ def test_the_race_in_the_racy_plugin_is_caught() -> None:
         namespace["test_the_meter_counts_every_call"]()
     report = str(info.value)
     assert re.search(r"the meter counted (\d+) of (\d+) calls", report), report
-    assert "operations:" in report and "Followup(" in report
+    assert "replay:" in report and "Followup(" in report and "seed=" in report
 
 
 def test_the_fixed_plugin_passes() -> None:
     namespace = run_example(0, 1, 2)
     namespace["test_the_meter_counts_every_call"]()
+
+
+def test_the_race_test_on_the_defaults_runs() -> None:
+    [block] = [b for b in blocks() if "def test_every_turn_ends_and_every_call_is_answered" in b]
+    namespace: dict[str, Any] = {"__name__": "docs_testing_defaults"}
+    exec(compile(block, f"{DOC}:defaults", "exec"), namespace)

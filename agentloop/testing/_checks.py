@@ -6,7 +6,7 @@ expected, with the neighbouring entries quoted, so a failing race can be read wi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from .._events import Event, InboxClaimed, InboxDiscarded, InboxInserted
@@ -56,8 +56,12 @@ def check_log(
       order of their calls (calls parked for approval may be answered later);
     - every ``assistant/message`` anchor's ``source_event_seqs`` name earlier
       ``assistant/chunk`` events of the same turn and step, each cited by one anchor only;
+    - every ``tool/call`` is a call of an earlier ``assistant/message`` of its turn, and its
+      result lies in that same turn (a call parked for approval may be answered in a later
+      one);
     - with ``quiescent`` (the default: the agent is idle or disposed) the last turn is closed
-      and every call not awaiting approval has its result;
+      and every call not awaiting approval has its result, including calls an anchor made
+      that were never logged as ``tool/call``;
     - with ``disposed_at`` (the log's length when its agent was disposed) nothing follows it.
     """
     events: Sequence[SessionEvent] = (
@@ -71,6 +75,7 @@ def check_log(
         walk.anchor(i, e)
     if quiescent and events:
         walk.quiescent()
+    _check_calls(events, quiescent=quiescent, fail=walk.fail)
     if disposed_at is not None and len(events) > disposed_at:
         walk.fail(disposed_at, f"seq {events[disposed_at].seq} ({events[disposed_at].type}) "
                                f"was appended after the agent was disposed at seq "
@@ -212,6 +217,40 @@ class _LogWalk:
                              "turn")
 
 
+def _check_calls(
+    events: Sequence[SessionEvent], *, quiescent: bool, fail: Callable[[int, str], None]
+) -> None:
+    """Calls against the anchors that made them: logged calls were made, results stay in
+    their call's turn, and at quiescence every call an anchor made is answered."""
+    made: dict[str, tuple[int, int | None]] = {}  # call id -> (index of its anchor, turn)
+    parked: set[str] = set()
+    answered: set[str] = set()
+    for i, e in enumerate(events):
+        cid = e.data.get("call_id")
+        if e.type == "assistant/message":
+            for call in e.data.get("tool_calls", ()) or ():
+                if isinstance(call, Mapping) and isinstance(call.get("id"), str):
+                    made.setdefault(call["id"], (i, e.turn))
+        elif e.type == _APPROVAL and isinstance(cid, str):
+            parked.add(cid)
+        elif e.type == "tool/call" and cid not in made:
+            fail(i, f"seq {e.seq}: tool/call {cid!r} is not a call of any earlier "
+                    "assistant/message; expected calls only as a model made them")
+        elif e.type == "tool/result" and isinstance(cid, str):
+            answered.add(cid)
+            turn = made[cid][1] if cid in made else e.turn
+            if cid not in parked and turn != e.turn:
+                fail(i, f"seq {e.seq}: the result of {cid!r} comes in turn {e.turn}, but the "
+                        f"call was made in turn {turn}; expected it answered in its own turn "
+                        "(only calls parked for approval wait for a later one)")
+    if quiescent:
+        for cid, (i, _turn) in made.items():
+            if cid not in answered and cid not in parked:
+                fail(i, f"call_id {cid!r} of the anchor at seq {events[i].seq} never got a "
+                        "tool/result; expected every call the model made answered by the "
+                        "end of its turn")
+
+
 def _show_message(m: Message) -> str:
     parts: list[str] = [m.role]
     if m.text:
@@ -236,7 +275,9 @@ def check_history(
     assistant message is empty (no text, no reasoning and no tool calls). ``"anthropic"`` also
     requires that the history starts with a user message and that roles alternate: tool
     results travel as the user's turn and consecutive user messages are merged into one, but
-    two assistant messages in a row are refused.
+    two assistant messages in a row are refused; a user message with empty content and an
+    empty text block anywhere are refused too. ``"openai"`` refuses an empty list of content
+    parts (an assistant message carrying tool calls aside).
     """
     if provider not in ("openai", "anthropic"):
         raise ValueError(f"provider must be 'openai' or 'anthropic', got {provider!r}")
@@ -254,6 +295,9 @@ def check_history(
     seen: set[str] = set()
     previous: str | None = None  # the role the provider sees, for alternation
     for i, m in enumerate(messages):
+        problem = _content_problem(m, provider)
+        if problem is not None:
+            fail(i, f"message #{i} {problem}")
         if m.role == "tool":
             if m.tool_call_id not in waiting:
                 why = (
@@ -296,6 +340,21 @@ def check_history(
                         "expected a tool result for each before the history ends")
 
 
+def _content_problem(m: Message, provider: str) -> str | None:
+    """What ``provider`` refuses in one message's content, if anything."""
+    parts = m.content if isinstance(m.content, tuple) else ()
+    if provider == "openai":
+        if isinstance(m.content, tuple) and not parts and not m.tool_calls:
+            return "has an empty list of content parts; expected text or at least one part"
+        return None
+    if m.role == "user" and not parts and not m.content:
+        return "is a user message with empty content; expected some text or parts"
+    for part in parts:
+        if isinstance(part, Mapping) and part.get("type") == "text" and not part.get("text"):
+            return "has an empty text block; expected every text block to hold text"
+    return None
+
+
 def check_inbox(
     events: Iterable[object], *, pending: Inbox | Iterable[InboxMessage | str] = ()
 ) -> None:
@@ -306,7 +365,8 @@ def check_inbox(
     :class:`~agentloop.events.InboxClaimed` or :class:`~agentloop.events.InboxDiscarded` of
     the same message, or the message must still be pending (``pending``: an agent's
     ``inbox``, or messages or ids; give the inboxes of every agent the events cover). A claim
-    or discard of a message never accepted, or a second acceptance of an id, fails too. Other
+    or discard of a message never accepted, a second acceptance of an id, and a pending
+    message never accepted fail too. Other
     events are ignored, so a recording of everything can be passed as it is.
     """
     if isinstance(pending, Inbox):
@@ -352,6 +412,10 @@ def check_inbox(
                     f"was already {before} at event #{at}; expected exactly one fate")
         else:
             fates[key] = (what, i)
+    ever = {mid for _agent, mid in accepted}
+    for mid in sorted(still - ever):
+        fail(len(recorded) - 1, f"message {mid!r} is pending but was never accepted; expected "
+                                "an agent/inbox/inserted for every pending message")
     for key, i in accepted.items():
         if key not in fates and key[1] not in still:
             fail(i, f"message {key[1]!r} of agent {key[0]!r} (accepted at event #{i}) was "

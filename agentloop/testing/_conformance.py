@@ -111,7 +111,9 @@ async def check_persistence_backend(
     and the metadata intact, also after the backend is closed and reopened once ``flush``
     returned (the durability barrier); ``flush`` with nothing pending returns; a lease held
     by one owner is refused to a second owner (on the same backend and on another one on the
-    same path) with ``PersistenceError`` and is free once released; events that cannot be
+    same path) with ``PersistenceError``, stays held when anyone else releases it, and is free
+    once its holder releases it; ``exists`` is false for a session never created even once
+    others are stored; events that cannot be
     stored (a session never created, a repeated seq) make ``flush`` of that session raise
     ``PersistenceError`` while other sessions keep working; with ``file_based`` a file at
     ``path`` that is not a store is refused with ``PersistenceError``; with ``corrupt``
@@ -151,6 +153,9 @@ async def _check_create(store: SessionPersistence, meta: FrozenDict) -> None:
     await store.create("s1", meta)
     if not await store.exists("s1"):
         raise _fail("exists() after create()", "True", False)
+    if await store.exists("s0"):
+        raise _fail("exists() of a session never created, once another is stored",
+                    "False", True)
     await _expect_persistence_error("a second create() of the same id",
                                     store.create("s1", meta))
 
@@ -184,6 +189,9 @@ async def _check_leases(
         )
         _same("the log read through another backend on the same path",
               (await other.load("s1")).events, log)
+    await store.release("s1", "owner-b")  # not the holder's: must free nothing
+    await _expect_persistence_error("acquire() after a release by someone who never held "
+                                    "the lease", store.acquire("s1", "owner-c"))
     await store.release("s1", "owner-a")
     await store.acquire("s1", "owner-b")
     await store.release("s1", "owner-b")

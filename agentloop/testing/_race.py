@@ -1,432 +1,197 @@
 """``run_race``: one example of a lifecycle race, in a fresh trio run on a virtual clock.
 
 Operations and model behaviours are plain frozen values (hypothesis draws them in
-:mod:`agentloop.testing.strategies`, but a test may also write a list by hand), so a failing
-example prints as the list of what was done and replays by passing that list again.
+:mod:`agentloop.testing.strategies`, but a test may also write a list by hand), and trio's
+scheduling tie-breaks are seeded with ``seed``: a failing example prints as a call of
+``run_race`` with its operations, script and seed, and that call replays it exactly.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, runtime_checkable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import attrs
 import trio
 import trio.testing
 
-from .._errors import (
-    AgentDisposed,
-    ProviderError,
-    RuntimeClosed,
-    SessionIdInUse,
-    SettingsError,
+from .._errors import SessionIdInUse
+from .._events import (
+    AgentCreated,
+    AgentPreStep,
+    AgentRequest,
+    AgentStatus,
+    AgentStepResult,
+    AgentTurnContinuation,
+    AgentTurnEnd,
+    Event,
+    InboxClaimed,
+    InboxDiscarded,
+    InboxInserted,
+    ToolApproval,
+    ToolPreExecute,
 )
-from .._events import AgentCreated, InboxClaimed, InboxDiscarded, InboxInserted
 from .._events import AgentDisposed as AgentDisposedEvent
-from .._model import (
-    AgentOptions,
-    Finish,
-    LLMRequest,
-    ReasoningDelta,
-    StreamPart,
-    TextDelta,
-    ToolCallDelta,
-)
 from .._runtime import open_runtime
-from .._tools import Tool
-from ..llm._base import ModelAdapter
 from ._checks import check_history, check_inbox, check_log
-from ._doubles import example_arguments
+from ._facts import check_facts, check_probe, check_released
+from ._ops import (
+    Advance,
+    Approve,
+    Cancel,
+    Close,
+    Crash,
+    CreateSameId,
+    Deny,
+    Edit,
+    Exit,
+    Followup,
+    Hold,
+    Inject,
+    Instant,
+    Operation,
+    Race,
+    Remove,
+    Resume,
+    Settle,
+    Spawn,
+    Steer,
+    Subscribe,
+    Together,
+    When,
+    WriteSetting,
+)
+from ._racemodel import (
+    DEFAULT_TOOLS,
+    OPTIONS,
+    PROVIDER,
+    Behaviour,
+    CallTools,
+    Fail,
+    MaxTokens,
+    Probe,
+    RaceModel,
+    Say,
+    Stall,
+    Think,
+    register_race_tools,
+    reset_probe,
+    set_probe,
+)
+from ._schedule import seeded
+from ._store import RaceStore
 
 if TYPE_CHECKING:
+    from .._agent import Agent
     from .._agents import AgentHandle
     from .._context import Context
-    from .._session import Session
 
 __all__ = [
-    "Race", "Operation", "run_race", "RaceModel", "DEFAULT_TOOLS", "register_race_tools",
+    "Race", "Operation", "Instant", "run_race", "RaceModel", "DEFAULT_TOOLS", "DEFAULT_SCRIPT",
+    "register_race_tools",
     # operations
     "Followup", "Steer", "Inject", "Edit", "Remove", "Cancel", "Close", "CreateSameId",
-    "WriteSetting", "Advance", "Settle", "Spawn", "Exit",
+    "WriteSetting", "Advance", "Settle", "Spawn", "Exit", "Approve", "Deny", "Together",
+    "When", "Resume", "Subscribe", "Crash", "Hold",
     # model behaviours
     "Say", "Think", "CallTools", "Fail", "Stall", "MaxTokens", "Behaviour",
 ]
 
-PROVIDER = "race"
-OPTIONS = AgentOptions(provider=PROVIDER, model="race-model")
-DEFAULT_TOOLS = ("fast", "slow", "excl")
-# A turn that keeps calling tools is cut short after this many steps, so every example ends.
-MAX_TOOL_STEPS = 3
+DEFAULT_SCRIPT: tuple[Behaviour, ...] = (
+    CallTools(("fast", "slow")), Stall(2.0, "thinking it over"), CallTools(("guarded",)), Say(),
+)
+"""What the race's model plays unless told otherwise: parallel tools, a stalled stream, a call
+parked for approval, an answer."""
 
+# Virtual time the end of a race lets pass, repeatedly, until nothing changes: longer than
+# any kit tool, stall or disposal grace, so a plugin's own background work ends too.
+QUIET = 600.0
 
-@runtime_checkable
-class Operation(Protocol):
-    """One thing a race does: ``await op.apply(race)``.
+Built: TypeAlias = "AgentHandle | Sequence[AgentHandle] | None"
+Build: TypeAlias = "Callable[[Context], Awaitable[Built] | Built]"
+Check: TypeAlias = "Callable[..., Awaitable[None] | None]"
 
-    Write your own as a frozen attrs class (its ``repr`` is what a failure report prints) and
-    mix its strategy into ``strategies.operations(extra=[...])``. ``apply`` runs between
-    scheduling points; start anything that must overlap later operations in
-    ``race.nursery``. Raise only for a real failure: expected refusals (a disposed agent, a
-    live duplicate id) are part of the race.
-    """
-
-    async def apply(self, race: Race) -> None: ...
+# Extension points a When can fire at, by the event whose synchronous handler reaches them.
+_POINT_EVENTS: tuple[tuple[str, type[Event]], ...] = (
+    ("pre-step", AgentPreStep), ("request", AgentRequest), ("step-result", AgentStepResult),
+    ("pre-execute", ToolPreExecute), ("approval", ToolApproval),
+    ("continuation", AgentTurnContinuation), ("turn-end", AgentTurnEnd),
+    ("status", AgentStatus),
+)
 
 
 @attrs.define(eq=False)
-class Race:
-    """What operations act on: the runtime, the agents, and a nursery for overlapping work."""
-
-    ctx: Context
-    handles: list[AgentHandle]
-    nursery: trio.Nursery
-    events: list[Any]
-    """Inbox events recorded from the start (what :func:`check_inbox` reads)."""
-    sessions: dict[int, Session] = attrs.field(factory=dict)
-    disposed_at: dict[int, int] = attrs.field(factory=dict)
-    notes: list[str] = attrs.field(factory=list)
-    """Free text for the failure report (``race.note(...)``)."""
-    state: dict[str, Any] = attrs.field(factory=dict)
-    """Scratch space for your own operations (empty when the race starts)."""
-
-    def handle(self, index: int) -> AgentHandle | None:
-        """The handle ``index`` modulo the number of handles (``None`` when there are none)."""
-        if not self.handles:
-            return None
-        return self.handles[index % len(self.handles)]
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
-
-
-# --- operations ------------------------------------------------------------------------------
-
-
-def _tolerated(fn: Callable[[], object]) -> None:
-    # Acting on an agent that is already disposed is refused, and that is part of the race.
-    with contextlib.suppress(AgentDisposed):
-        fn()
-
-
-@attrs.frozen
-class Followup:
-    agent: int
-    text: str = "hello"
-
-    async def apply(self, race: Race) -> None:
-        h = race.handle(self.agent)
-        if h is not None:
-            _tolerated(lambda: h.agent.followup(self.text))
-
-
-@attrs.frozen
-class Steer:
-    agent: int
-    text: str = "steer"
-
-    async def apply(self, race: Race) -> None:
-        h = race.handle(self.agent)
-        if h is not None:
-            _tolerated(lambda: h.agent.steer(self.text))
-
-
-@attrs.frozen
-class Inject:
-    agent: int
-    text: str = "note"
-
-    async def apply(self, race: Race) -> None:
-        h = race.handle(self.agent)
-        if h is not None:
-            _tolerated(lambda: h.agent.inject(self.text))
-
-
-def _pending(h: AgentHandle, pick: int) -> str | None:
-    inbox = h.agent.inbox
-    pending = [*inbox.next_turn, *inbox.next_step]
-    return pending[pick % len(pending)].id if pending else None
-
-
-@attrs.frozen
-class Edit:
-    """Edit the ``pick``-th pending message (modulo), if there is one."""
-
-    agent: int
-    pick: int = 0
-    text: str = "edited"
-
-    async def apply(self, race: Race) -> None:
-        h = race.handle(self.agent)
-        mid = _pending(h, self.pick) if h is not None else None
-        if h is not None and mid is not None:
-            _tolerated(lambda: h.agent.edit(mid, self.text))
-
-
-@attrs.frozen
-class Remove:
-    """Remove the ``pick``-th pending message (modulo), if there is one."""
-
-    agent: int
-    pick: int = 0
-
-    async def apply(self, race: Race) -> None:
-        h = race.handle(self.agent)
-        mid = _pending(h, self.pick) if h is not None else None
-        if h is not None and mid is not None:
-            _tolerated(lambda: h.agent.remove(mid))
-
-
-@attrs.frozen
-class Cancel:
-    agent: int
-    keep_inbox: bool = False
-
-    async def apply(self, race: Race) -> None:
-        h = race.handle(self.agent)
-        if h is not None:
-            h.agent.cancel(keep_inbox=self.keep_inbox)
-
-
-@attrs.frozen
-class Close:
-    """Start closing the agent's handle; it reaches quiescence while later operations run."""
-
-    agent: int
-
-    async def apply(self, race: Race) -> None:
-        h = race.handle(self.agent)
-        if h is not None:
-            race.nursery.start_soon(h.aclose)
-
-
-@attrs.frozen
-class CreateSameId:
-    """Start creating an agent with the same session id: refused while it lives, else new."""
-
-    agent: int
-
-    async def apply(self, race: Race) -> None:
-        h = race.handle(self.agent)
-        if h is None:
-            return
-        sid, options = h.agent.id, h.agent.options
-
-        async def create() -> None:
-            try:
-                new = await race.ctx.agents.create(session_id=sid, agent_options=options)
-            except (SessionIdInUse, RuntimeClosed):
-                return
-            race.handles.append(new)
-
-        race.nursery.start_soon(create)
-
-
-@attrs.frozen
-class WriteSetting:
-    key: str = "agent-loop.max_parallel_tool_calls"
-    value: object = 1
-
-    async def apply(self, race: Race) -> None:
-        # An invalid value is refused at the write and must change nothing.
-        with contextlib.suppress(SettingsError):
-            race.ctx.settings.set(self.key, self.value)
-
-
-@attrs.frozen
-class Advance:
-    """Let ``seconds`` of virtual time pass."""
-
-    seconds: float
-
-    async def apply(self, race: Race) -> None:
-        await trio.sleep(self.seconds)
-
-
-@attrs.frozen
-class Settle:
-    """Wait until every task is blocked."""
-
-    async def apply(self, race: Race) -> None:
-        await trio.testing.wait_all_tasks_blocked()
-
-
-@attrs.frozen
-class Exit:
-    """Leave the runtime now: later operations are skipped and nothing waits for quiescence,
-    so running turns are disposed mid-flight (the closed-log checks still apply)."""
-
-    async def apply(self, race: Race) -> None:
-        race.state["exit"] = True
-        await trio.lowlevel.checkpoint()
-
-
-@attrs.frozen
-class Spawn:
-    """Spawn a sub-agent with ``ctx.subagents.spawn``; does nothing where that is absent."""
-
-    text: str = "sub task"
-
-    async def apply(self, race: Race) -> None:
-        subagents = getattr(race.ctx, "subagents", None)
-        if subagents is None:
-            return
-
-        async def spawn() -> None:
-            try:
-                new = await subagents.spawn(self.text, agent_options=OPTIONS)
-            except (SessionIdInUse, RuntimeClosed):
-                return
-            race.handles.append(new)
-
-        race.nursery.start_soon(spawn)
-
-
-# --- model behaviours ------------------------------------------------------------------------
-
-
-@attrs.frozen
-class Say:
-    text: str = "ok"
-
-
-@attrs.frozen
-class Think:
-    reasoning: str = "hmm"
-    text: str = "ok"
-
-
-@attrs.frozen
-class CallTools:
-    """Call these tools (in one reply); arguments come from each tool's schema."""
-
-    names: tuple[str, ...]
-    text: str = ""
-
-
-@attrs.frozen
-class Fail:
-    """Fail the call with ``ProviderError(status)`` after streaming ``after`` text chunks."""
-
-    status: int | None = 500
-    after: int = 0
-
-
-@attrs.frozen
-class Stall:
-    """Wait ``seconds`` (virtual) before streaming ``text``, a chunk every ``seconds``."""
-
-    seconds: float
-    text: str = "slow answer"
-
-
-@attrs.frozen
-class MaxTokens:
-    text: str = "cut"
-
-
-Behaviour = Say | Think | CallTools | Fail | Stall | MaxTokens
-
-
-def _words(text: str) -> list[str]:
-    return [w + " " for w in text.split()] or ([text] if text else [])
-
-
-class RaceModel(ModelAdapter):
-    """An adapter playing a script of behaviours, one per call, cycling through it.
-
-    A turn that has called tools for ``MAX_TOOL_STEPS`` steps gets a plain answer instead,
-    so every turn ends. Records every request in ``.requests``.
+class _Example:
+    """One example's inputs, and how far it got (for the report)."""
+
+    ops: list[Operation]
+    build: Build | None
+    check: Check | None
+    script: Sequence[Behaviour]
+    agents: int
+    config: Any
+    plugins: Sequence[Any]
+    providers: Sequence[Literal["openai", "anthropic"]]
+    timeout: float
+    kit_tools: bool
+    probe: Probe
+    applied: int = 0
+    race: Race | None = None
+    all_agents: dict[int, Agent] = attrs.field(factory=dict)
+
+
+def run_race(
+    operations: Iterable[Operation],
+    *,
+    build: Build | None = None,
+    check: Check | None = None,
+    script: Sequence[Behaviour] = DEFAULT_SCRIPT,
+    agents: int = 2,
+    config: Any = None,
+    plugins: Sequence[Any] = (),
+    providers: Sequence[Literal["openai", "anthropic"]] = ("openai", "anthropic"),
+    timeout: float = 100_000,
+    seed: int = 0,
+    kit_tools: bool = True,
+) -> None:
+    """Run one example: a fresh ``trio.run`` on ``MockClock(autojump_threshold=0)``, with
+    trio's scheduling tie-breaks seeded by ``seed``.
+
+    Opens a runtime (``config``, ``plugins``) and registers the kit's tools
+    (:func:`register_race_tools`, unless ``kit_tools=False``); awaits ``build(ctx)``: it may
+    register models, tools and hooks, and returns the :class:`~agentloop.AgentHandle` (one or
+    several) the operations act on, or ``None`` for ``agents`` agents ``"race-0"``,
+    ``"race-1"``, ... on provider ``"race"``, served by a :class:`RaceModel` playing
+    ``script`` unless ``build`` registered that provider. It applies the operations one by
+    one with a scheduling point after each, then lets virtual time pass until nothing changes
+    (quiescence: every agent idle, disposed, or waiting for answers to approval requests; a
+    plugin's background work done), unless an :class:`Exit` ended the list. Then it checks
+    every session the race saw (sub-agents included): :func:`check_log`,
+    :func:`check_history` for each of ``providers`` (not for sessions with calls awaiting
+    approval), :func:`check_inbox` over everything the inboxes did, and the kit's own facts
+    (no tool body started after its turn's cancel, a cancelled turn never completes, no sent
+    input stranded on an idle agent, refusals and status agree, slow subscribers told what
+    they missed); then ``check(ctx, handles)`` or ``check(race)`` (sync or async); then it
+    leaves the runtime (disposing every agent) and checks the logs again, with nothing
+    appended after any agent's disposal and every agent's status ``"disposed"``.
+
+    Any failure raises ``AssertionError`` whose message is the ``run_race`` call that replays
+    it (operations, script, seed), the original error chained.
     """
-
-    def __init__(self, script: Sequence[Behaviour] = (Say(),)) -> None:
-        self.script = tuple(script) or (Say(),)
-        self.requests: list[LLMRequest] = []
-
-    def stream(self, request: LLMRequest) -> AsyncIterator[StreamPart]:
-        behaviour = self.script[len(self.requests) % len(self.script)]
-        self.requests.append(request)
-        if isinstance(behaviour, CallTools) and request.step > MAX_TOOL_STEPS:
-            behaviour = Say("enough tools")
-        return self._play(behaviour, request)
-
-    async def _play(self, b: Behaviour, request: LLMRequest) -> AsyncIterator[StreamPart]:
-        await trio.lowlevel.checkpoint()
-        if isinstance(b, Stall):
-            for piece in _words(b.text):
-                await trio.sleep(b.seconds)
-                yield TextDelta(piece)
-            yield Finish("stop")
-        elif isinstance(b, Fail):
-            for i in range(b.after):
-                await trio.lowlevel.checkpoint()
-                yield TextDelta(f"part{i} ")
-            raise ProviderError(status=b.status, code="race_failure")
-        elif isinstance(b, CallTools):
-            for piece in _words(b.text):
-                yield TextDelta(piece)
-            specs = {s.name: s for s in request.tools}
-            for i, name in enumerate(b.names):
-                await trio.lowlevel.checkpoint()
-                spec = specs.get(name)
-                arguments = example_arguments(spec.parameters) if spec is not None else {}
-                yield ToolCallDelta(i, id=f"call_{request.turn}_{request.step}_{i}", name=name,
-                                    arguments=json.dumps(arguments))
-            yield Finish("tool_calls" if b.names else "stop")
-        else:
-            if isinstance(b, Think):
-                for piece in _words(b.reasoning):
-                    await trio.lowlevel.checkpoint()
-                    yield ReasoningDelta(piece)
-            for piece in _words(b.text):
-                await trio.lowlevel.checkpoint()
-                yield TextDelta(piece)
-            yield Finish("max_tokens" if isinstance(b, MaxTokens) else "stop")
-
-
-def _sleeper(seconds: float, answer: str) -> Callable[..., Awaitable[str]]:
-    async def run() -> str:
-        await trio.sleep(seconds)
-        return answer
-
-    return run
-
-
-def register_race_tools(ctx: Context) -> None:
-    """The kit's tools: ``fast`` and ``slow`` (parallel, 1 s and 5 s), ``excl`` (2 s)."""
-    no_arguments = {"type": "object", "properties": {}, "additionalProperties": False}
-    for name, seconds, concurrency in (
-        ("fast", 1, "parallel"), ("slow", 5, "parallel"), ("excl", 2, "exclusive"),
-    ):
-        ctx.tools.register(Tool(
-            name=name, description=f"Answers after {seconds} s ({concurrency}).",
-            parameters=no_arguments, run=_sleeper(seconds, name),
-            concurrency=concurrency,  # type: ignore[arg-type]
-        ))
-
-
-# --- running one example ---------------------------------------------------------------------
-
-Built: TypeAlias = "Sequence[AgentHandle] | None"
-Build: TypeAlias = "Callable[[Context], Awaitable[Built] | Built]"
-Check: TypeAlias = "Callable[[Context, Sequence[AgentHandle]], Awaitable[None] | None]"
-
-
-def _report(
-    ops: Sequence[Operation], applied: int, script: Sequence[Behaviour], race: Race | None,
-    error: BaseException,
-) -> str:
-    lines = [f"run_race failed: {type(error).__name__}: {error}", "operations:"]
-    for i, op in enumerate(ops):
-        mark = "  <- failed here" if i == applied and applied < len(ops) else ""
-        lines.append(f"  {i + 1:>3}. {op!r}{mark}")
-    lines.append(f"model script: {list(script)!r}")
-    if race is not None and race.notes:
-        lines.append("notes:")
-        lines.extend(f"  {n}" for n in race.notes)
-    return "\n".join(lines)
+    example = _Example(
+        list(operations), build, check, script, agents, config, plugins, providers, timeout,
+        kit_tools, Probe(),
+    )
+    token = set_probe(example.probe)
+    try:
+        with seeded(seed):
+            trio.run(_main, example, clock=trio.testing.MockClock(autojump_threshold=0))
+    except Exception as exc:  # noqa: BLE001 - any failure of the example is reported with it
+        error = _leaf(exc)
+        raise AssertionError(_report(example, seed, error)) from error
+    finally:
+        reset_probe(token)
 
 
 def _leaf(error: BaseException) -> BaseException:
@@ -435,159 +200,242 @@ def _leaf(error: BaseException) -> BaseException:
     return error
 
 
-def run_race(
-    operations: Iterable[Operation],
-    *,
-    build: Build | None = None,
-    check: Check | None = None,
-    script: Sequence[Behaviour] = (Say(),),
-    agents: int = 2,
-    config: Any = None,
-    plugins: Sequence[Any] = (),
-    providers: Sequence[Literal["openai", "anthropic"]] = ("openai", "anthropic"),
-    timeout: float = 100_000,
-) -> None:
-    """Run one example: a fresh ``trio.run`` on ``MockClock(autojump_threshold=0)``.
+def _report(example: _Example, seed: int, error: BaseException) -> str:
+    ops, applied = example.ops, example.applied
+    lines = [f"run_race failed: {type(error).__name__}: {error}", "replay:",
+             "    from agentloop.testing.strategies import *", "    run_race(["]
+    for i, op in enumerate(ops):
+        mark = "  # <- failed here" if i == applied and applied < len(ops) else ""
+        lines.append(f"        {op!r},{mark}")
+    lines.append(f"    ], script={list(example.script)!r}, seed={seed})")
+    race = example.race
+    if race is not None and race.notes:
+        lines.append("notes:")
+        lines.extend(f"  {n}" for n in race.notes)
+    return "\n".join(lines)
 
-    Opens a runtime (``config``, ``plugins``), awaits ``build(ctx)`` (it may register models,
-    tools and hooks, and returns the :class:`~agentloop.AgentHandle` s the operations act
-    on), or, when ``build`` is ``None`` or returns ``None``, creates ``agents`` agents
-    ``"race-0"``, ``"race-1"``, ... on provider ``"race"`` (served by a :class:`RaceModel`
-    playing ``script`` unless ``build`` registered that provider) with the kit's tools (when
-    ``build`` is ``None``). Then it applies the operations one by one with a scheduling point
-    after each, waits for overlapping work and for every live agent to go idle (not after an
-    :class:`Exit` operation, which leaves the runtime with turns in flight), and checks:
-    :func:`check_log` on every session seen, :func:`check_history` for each of ``providers``,
-    :func:`check_inbox` over everything the inboxes did; then ``check(ctx, handles)`` (sync
-    or async); then it leaves the runtime (disposing every agent) and checks the logs again,
-    with nothing appended after any agent's disposal.
 
-    Any failure raises ``AssertionError`` whose message lists the operations and the model
-    script (and the original error chained), so hypothesis can shrink it and a person can
-    replay it by passing the same list.
-    """
-    ops = list(operations)
-    state: dict[str, Any] = {"applied": 0, "race": None}
+async def _main(example: _Example) -> None:
+    store: RaceStore | None = RaceStore()
+    resumed = False
+    while True:
+        store = await _life(example, store, resumed=resumed)
+        if store is None:
+            return
+        store, resumed = store.reopened(), True
 
-    async def main() -> None:
-        seen = _Seen()
-        async with open_runtime(config, plugins=plugins) as ctx:
-            seen.watch(ctx)
-            handles = await _build_agents(ctx, build, script, agents)
+
+async def _life(example: _Example, store: RaceStore | None, *, resumed: bool
+                ) -> RaceStore | None:
+    """One runtime's life; returns the store when the process crashed, to resume from."""
+    async with open_runtime(example.config, plugins=example.plugins) as ctx:
+        if ctx.session_persistence is None and store is not None:
+            ctx.provide_persistence(store)
+        else:
+            store = None
+        events = _record(ctx, example)
+        handles = await (_resume(ctx, example, store) if resumed else _build(ctx, example))
+        async with trio.open_nursery() as background:
             async with trio.open_nursery() as nursery:
-                race = Race(ctx, handles, nursery, seen.events, seen.sessions, seen.disposed_at)
-                state["race"] = race
-                for op in ops:
-                    await op.apply(race)
-                    await trio.lowlevel.checkpoint()
-                    state["applied"] += 1
-                    if race.state.get("exit"):
-                        break
-            exiting = bool(race.state.get("exit"))
+                race = Race(ctx, handles, nursery, events, probe=example.probe)
+                race.background, race.state["store"] = background, store
+                example.race = race
+                _seen(race, example)
+                await _apply(race, example)
+            exiting = bool(race.state.get("exit")) or (store is not None and store.crashed)
             if not exiting:
-                with trio.fail_after(timeout):
-                    await _wait_idle(handles)
-            await _check_live(ctx, handles, seen, providers, check, quiescent=not exiting)
-        _check_sessions(seen.sessions, seen.disposed_at, providers, closed=True)
-
-    try:
-        trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    except Exception as exc:  # noqa: BLE001 - any failure of the example is reported with it
-        error = _leaf(exc)
-        raise AssertionError(
-            _report(ops, state["applied"], script, state["race"], error)
-        ) from error
-
-
-@attrs.define(eq=False)
-class _Seen:
-    """What a race records as it runs: the inbox events, every session an agent was created
-    on (by ``id``), and each one's length when its agent was disposed."""
-
-    events: list[Any] = attrs.field(factory=list)
-    sessions: dict[int, Session] = attrs.field(factory=dict)
-    latest: dict[str, Session] = attrs.field(factory=dict)  # agent id -> its newest session
-    disposed_at: dict[int, int] = attrs.field(factory=dict)
-
-    def watch(self, ctx: Context) -> None:
-        for cls in (InboxInserted, InboxClaimed, InboxDiscarded):
-            ctx.events.on(cls, self.events.append)
-
-        def created(e: AgentCreated) -> None:
-            agent = ctx.agents.get(e.agent_id)
-            if agent is not None:
-                self.sessions[id(agent.session)] = self.latest[e.agent_id] = agent.session
-
-        def disposed(e: AgentDisposedEvent) -> None:
-            session = self.latest.get(e.agent_id)
-            if session is not None:
-                self.disposed_at.setdefault(id(session), len(session.events))
-
-        ctx.events.on(AgentCreated, created)
-        ctx.events.on(AgentDisposedEvent, disposed)
+                with trio.fail_after(example.timeout):
+                    await _quiesce(race, example)
+            # The process may die while the race settles too (an armed crash point).
+            crashed = store is not None and store.crashed
+            _seen(race, example)
+            if not crashed:
+                _check_race(race, example, quiescent=not exiting)
+                await _user_check(race, example)
+            background.cancel_scope.cancel()
+    if crashed:
+        assert store is not None
+        for meta_events in store.sessions.values():
+            check_log(meta_events[1], quiescent=False)
+        example.all_agents.clear()
+        return store
+    _check_closed(race, example)
+    return None
 
 
-async def _build_agents(
-    ctx: Context, build: Build | None, script: Sequence[Behaviour], agents: int
-) -> list[AgentHandle]:
-    """The handles the operations act on: ``build``'s, or ``agents`` new ones on ``"race"``."""
-    built: Any = None
-    if build is not None:
-        built = build(ctx)
-        if inspect.isawaitable(built):
-            built = await built
-    else:
+async def _resume(ctx: Context, example: _Example, store: RaceStore | None
+                  ) -> list[AgentHandle]:
+    if example.kit_tools:
         register_race_tools(ctx)
     if ctx.llm.adapter(PROVIDER) is None:
-        ctx.llm.register(PROVIDER, RaceModel(script))
-    if built is None:
-        built = [
-            await ctx.agents.create(session_id=f"race-{i}", agent_options=OPTIONS)
-            for i in range(agents)
-        ]
-    return list(built)
-
-
-async def _wait_idle(handles: list[AgentHandle]) -> None:
-    """Every live agent idle, then every task blocked."""
-    for h in list(handles):
-        if h.agent.status != "disposed":
-            await h.agent.wait_idle()
-    await trio.testing.wait_all_tasks_blocked()
-
-
-async def _check_live(
-    ctx: Context, handles: list[AgentHandle], seen: _Seen,
-    providers: Sequence[Literal["openai", "anthropic"]], check: Check | None, *,
-    quiescent: bool,
-) -> None:
-    """The checks made before the runtime closes: logs, histories, inbox fates, ``check``."""
-    live = [h.agent for h in handles if h.agent.status != "disposed"]
-    pending = [m for a in live for m in (*a.inbox.next_turn, *a.inbox.next_step)]
-    for h in handles:
-        seen.sessions.setdefault(id(h.agent.session), h.agent.session)
-    _check_sessions(seen.sessions, seen.disposed_at, providers, quiescent=quiescent)
-    check_inbox(seen.events, pending=pending)
-    if check is not None:
-        result = check(ctx, handles)
-        if inspect.isawaitable(result):
-            await result
-
-
-def _check_sessions(
-    sessions: dict[int, Session], disposed_at: dict[int, int],
-    providers: Sequence[Literal["openai", "anthropic"]], *, closed: bool = False,
-    quiescent: bool = True,
-) -> None:
-    for key, session in sessions.items():
-        where = f"session {session.id!r}{' after the runtime closed' if closed else ''}: "
+        ctx.llm.register(PROVIDER, RaceModel(example.script))
+    handles: list[AgentHandle] = []
+    if store is None:
+        return handles
+    for info in sorted(await store.list(), key=lambda i: i.id):
+        if info.parent_session_id is not None:
+            continue  # a resumed parent recovers its children
         try:
-            check_log(session, quiescent=quiescent,
-                      disposed_at=disposed_at.get(key) if closed else None)
-            if not quiescent:
-                continue  # a turn in flight may hold calls not answered yet
+            handles.append(await ctx.agents.resume(resume_session_id=info.id,
+                                                   agent_options=OPTIONS))
+        except SessionIdInUse:
+            continue
+    return handles
+
+
+def _record(ctx: Context, example: _Example) -> list[Any]:
+    events: list[Any] = []
+    for cls in (InboxInserted, InboxClaimed, InboxDiscarded):
+        ctx.events.on(cls, events.append)
+    probe = example.probe
+
+    def created(e: AgentCreated) -> None:
+        agent = ctx.agents.get(e.agent_id)
+        if agent is not None:
+            example.all_agents[id(agent)] = agent
+
+    def disposed(e: AgentDisposedEvent) -> None:
+        race = example.race
+        for agent in example.all_agents.values():
+            if agent.id == e.agent_id and race is not None:
+                race.disposed_at.setdefault(id(agent.session), len(agent.session.events))
+
+    ctx.events.on(AgentCreated, created)
+    ctx.events.on(AgentDisposedEvent, disposed)
+    for point, hook in _POINT_EVENTS:
+        handler: Callable[[Event], object] = (
+            _at(probe, point) if hook.kind == "hook" else _reach(probe, point)
+        )
+        ctx.events.on(hook, handler)
+    return events
+
+
+def _reach(probe: Probe, point: str) -> Callable[[Event], None]:
+    def reach(_: Event) -> None:
+        probe.reach(point)
+
+    return reach
+
+
+def _at(probe: Probe, point: str) -> Callable[[Event], Awaitable[None]]:
+    async def at(_: Event) -> None:
+        probe.reach(point)
+        seconds = probe.holds.pop(point, None)
+        if seconds is not None:
+            await trio.sleep(seconds)  # a plugin's slow hook: later operations land inside
+
+    return at
+
+
+async def _build(ctx: Context, example: _Example) -> list[AgentHandle]:
+    if example.kit_tools:
+        register_race_tools(ctx)
+    built: Any = None
+    if example.build is not None:
+        built = example.build(ctx)
+        if inspect.isawaitable(built):
+            built = await built
+    if ctx.llm.adapter(PROVIDER) is None:
+        ctx.llm.register(PROVIDER, RaceModel(example.script))
+    if built is None:
+        return [
+            await ctx.agents.create(session_id=f"race-{i}", agent_options=OPTIONS)
+            for i in range(example.agents)
+        ]
+    if isinstance(built, Sequence):
+        return list(built)
+    return [built]
+
+
+def _seen(race: Race, example: _Example) -> None:
+    for h in race.handles:
+        example.all_agents.setdefault(id(h.agent), h.agent)
+    for agent in example.all_agents.values():
+        race.sessions.setdefault(id(agent.session), agent.session)
+    race.agents[:] = example.all_agents.values()
+
+
+async def _apply(race: Race, example: _Example) -> None:
+    store = race.state.get("store")
+    while example.applied < len(example.ops):
+        await example.ops[example.applied].apply(race)
+        await trio.lowlevel.checkpoint()
+        example.applied += 1
+        if race.state.get("exit") or (store is not None and store.crashed):
+            break
+
+
+def _fingerprint(example: _Example) -> tuple[Any, ...]:
+    return tuple(
+        (a.id, a.status, len(a.session.events), len(a.pending_approvals))
+        for a in example.all_agents.values()
+    )
+
+
+def _settled(agent: Agent) -> bool:
+    return agent.status != "running" or bool(agent.pending_approvals)
+
+
+async def _quiesce(race: Race, example: _Example) -> None:
+    """Let time pass until nothing changes and every agent is idle, disposed or parked."""
+    while True:
+        for agent in list(example.all_agents.values()):
+            if agent.status == "running":
+                await agent.wait_idle()
+        before = _fingerprint(example)
+        await trio.sleep(QUIET)
+        await trio.testing.wait_all_tasks_blocked()
+        _seen(race, example)
+        if before == _fingerprint(example) and all(
+            _settled(a) for a in example.all_agents.values()
+        ):
+            return
+
+
+async def _user_check(race: Race, example: _Example) -> None:
+    check = example.check
+    if check is None:
+        return
+    wants_race = len(inspect.signature(check).parameters) == 1
+    result = check(race) if wants_race else check(race.ctx, race.handles)
+    if inspect.isawaitable(result):
+        await result
+
+
+def _check_race(race: Race, example: _Example, *, quiescent: bool) -> None:
+    live = [a for a in example.all_agents.values() if a.status != "disposed"]
+    for session in race.sessions.values():
+        agent = next((a for a in example.all_agents.values() if a.session is session), None)
+        parked = agent is not None and bool(agent.pending_approvals)
+        _check_session(session, example.providers, quiescent=quiescent and not parked,
+                       history=quiescent and not session.awaiting_approval)
+    pending = [m for a in live for m in (*a.inbox.next_turn, *a.inbox.next_step)]
+    check_inbox(race.events, pending=pending)
+    check_facts(race, live, quiescent=quiescent)
+
+
+def _check_closed(race: Race, example: _Example) -> None:
+    for key, session in race.sessions.items():
+        _check_session(session, (), disposed_at=race.disposed_at.get(key), closed=True)
+    for agent in example.all_agents.values():
+        if agent.status != "disposed":
+            raise AssertionError(f"agent {agent.id!r} reads status {agent.status!r} after its "
+                                 "runtime closed; expected 'disposed'")
+    check_probe(race)
+    check_released(race)
+
+
+def _check_session(
+    session: Any, providers: Sequence[Literal["openai", "anthropic"]], *,
+    quiescent: bool = True, history: bool = True, disposed_at: int | None = None,
+    closed: bool = False,
+) -> None:
+    where = f"session {session.id!r}{' after the runtime closed' if closed else ''}: "
+    try:
+        check_log(session, quiescent=quiescent, disposed_at=disposed_at)
+        if history:
             for provider in providers:
                 check_history(session.messages(), provider)
-        except AssertionError as exc:
-            raise AssertionError(where + str(exc)) from None
+    except AssertionError as exc:
+        raise AssertionError(where + str(exc)) from None
 
