@@ -541,7 +541,9 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             await self._turn(scope)
             if self._stopping():
                 return
-            if self._wake_flag or inbox.next_turn:
+            # A waking steer still pending needs a turn too: a keep-inbox cancel between its
+            # admission and this turn's start ended that turn before it began.
+            if self._wake_flag or inbox.next_turn or inbox.waking:
                 self._turn_scope = trio.CancelScope()
                 self._cancel_cause = None
                 continue

@@ -382,6 +382,19 @@ async def test_a_kept_steer_runs_after_a_keep_inbox_cancel(rt, autojump_clock) -
         assert turn_ends(h.agent) == ["aborted", "completed"]
 
 
+async def test_a_steer_cancelled_before_its_turn_began_still_runs(rt, autojump_clock) -> None:
+    rt.llm.register("scripted", ScriptedModel(["steered"]))
+    async with await rt.agents.create(session_id="s", agent_options=OPTIONS) as h:
+        h.agent.steer("kept steer")  # admits a turn the driver has not started yet
+        assert h.agent.cancel(keep_inbox=True)
+        with trio.fail_after(10):
+            await h.agent.wait_idle()
+        assert h.agent.inbox.next_step == ()
+        steers = [e.data["content"] for e in of_type(h.agent, "steering/message")]
+        assert steers == ["kept steer"]
+        assert turn_ends(h.agent) == ["completed"]
+
+
 async def test_leaving_a_run_early_keeps_a_steer_running(rt, autojump_clock) -> None:
     rt.llm.register("scripted", _stalling_first_call())
     async with await rt.agents.create(session_id="s", agent_options=OPTIONS) as h:
