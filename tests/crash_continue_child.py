@@ -6,7 +6,9 @@ and three parallel calls (``fetch`` twice, idempotent; ``charge``, not), then te
 more ``fetch``, then the answer. Every tool body records what it did in the file EFFECTS (one
 line per body started, flushed before the body goes on), and the model and the bodies pass
 named checkpoints. At checkpoint number STOP the child prints ``AT <name>`` and waits to be
-killed; a parent kills it there and resumes the session with ``crashed_turn="continue"``.
+killed; a parent kills it there and resumes the session with ``crashed_turn="continue"``. With
+STOP ``-1`` the child prints ``READY`` once the turn is durable and then dawdles a few
+milliseconds at every checkpoint, so that a kill after a random delay lands anywhere.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ CHECKPOINTS: tuple[str, ...] = (
 )
 
 
+DAWDLE = 0.01  # seconds at each checkpoint when killed at a random time
+
+
 def step_of(request: Any) -> int:
     """Which step the history asks for: one more than the completed tool steps."""
     done = sum(1 for m in request.messages if m.role == "assistant" and m.tool_calls)
@@ -62,10 +67,16 @@ class Child:
             session, backend = self.rt.sessions.get(SESSION), self.rt.session_persistence
             assert session is not None and backend is not None
             await backend.flush(SESSION, session.last_seq)
+            if self.stop < 0:
+                sys.stdout.write("READY\n")
+                sys.stdout.flush()
         if self.stop >= 0 and CHECKPOINTS[self.stop] == name:
             sys.stdout.write(f"AT {name}\nREADY\n")
             sys.stdout.flush()
             await trio.sleep_forever()
+        if self.stop < 0:
+            # Not synchronisation: it spreads the turn over time for a randomly timed kill.
+            await trio.sleep(DAWDLE)
         await trio.lowlevel.checkpoint()
 
 
@@ -132,7 +143,7 @@ async def main(store: str, effects: Path, stop: int) -> None:
         handle = await rt.agents.create(session_id=SESSION, agent_options=OPTIONS)
         handle.agent.followup("do the long job")
         await handle.agent.wait_idle()
-        sys.stdout.write("FINISHED\nREADY\n")
+        sys.stdout.write("FINISHED\n" if stop < 0 else "FINISHED\nREADY\n")
         sys.stdout.flush()
         await trio.sleep_forever()
 
