@@ -9,7 +9,7 @@ import pytest
 from fake_openai import FakeOpenAI, Reply
 
 from agentloop import ConfigError, load_config
-from agentloop._cli import build_parser, main
+from agentloop._cli_main import build_parser, main
 
 
 @pytest.fixture
