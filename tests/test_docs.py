@@ -11,7 +11,8 @@ How a block runs is decided by the block itself, or by an HTML comment on the li
   environment and working directory;
 - ``<!-- docs: continue -->`` runs the block after the one before it, as one piece;
 - ``<!-- docs: run by tests/test_x.py -->``: that test file runs this block (it must exist and
-  name the page).
+  name the page); a block starting ``# example: NAME KIND`` is one of ``docs/testing.md``'s
+  worked examples, run by ``tests/test_kit_plugins.py``.
 
 A TOML block is a config file: ``agentloop.load_config`` must accept it as written.
 """
@@ -153,8 +154,13 @@ async def run_fragment(block: Block) -> None:
 
 @pytest.mark.parametrize("block", RUN_HERE, ids=lambda b: b.name)
 async def test_every_python_block_runs(block: Block, env: dict[str, str]) -> None:
-    if block.mode.startswith("run by "):
-        test_file = ROOT / block.mode.removeprefix("run by ")
+    mode = block.mode
+    if block.body.startswith("# example: ") and not mode:
+        # docs/testing.md's worked examples (racy, property, fix), which that test runs in
+        # threes: each property must fail on the racy version and pass on the fix.
+        mode = "run by tests/test_kit_plugins.py"
+    if mode.startswith("run by "):
+        test_file = ROOT / mode.removeprefix("run by ")
         assert test_file.is_file(), f"{block.name}: {test_file} does not exist"
         assert block.page.name in test_file.read_text(), f"{test_file} does not run {block.name}"
         return
