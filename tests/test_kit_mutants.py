@@ -78,6 +78,11 @@ MUTANTS: dict[str, tuple[Mutant, ...]] = {
             ("self._wake_flag = keep_inbox and bool(self._inbox.waking)",
              "self._wake_flag = False"),
         )),
+        # The driver's own look at pending steers (a cancel before the turn began) goes too.
+        Mutant("steer-drive", _agent, "Agent._drive", (
+            ("if self._wake_flag or inbox.next_turn or inbox.waking:",
+             "if self._wake_flag or inbox.next_turn:"),
+        )),
     ),
     "a tool body started after its turn's cancel": (
         Mutant("start", _scheduler, "_Run._start", (("if _cancel_called():", OFF),)),
@@ -109,7 +114,7 @@ MUTANTS: dict[str, tuple[Mutant, ...]] = {
         )),
     ),
     "a lost Lagged marker": (
-        Mutant("mark", _bus, "_Feed._mark", (("self._send(Lagged(missed))", "pass"),)),
+        Mutant("mark", _bus, "_Feed._mark", (("self._send(marker)", "pass"),)),
     ),
     "a cancelled turn that finished its work ends completed": (
         Mutant("precedence", _agent, "Agent._turn", (
@@ -129,7 +134,7 @@ MUTANTS: dict[str, tuple[Mutant, ...]] = {
     ),
     "input sent during a turn's last step is never run (the latch is ignored)": (
         Mutant("latch", _agent, "Agent._drive", (
-            ("if self._wake_flag or inbox.next_turn:", "if inbox.next_turn:"),
+            ("if self._wake_flag or inbox.next_turn or inbox.waking:", "if inbox.next_turn:"),
         )),
     ),
     "a crash leaves the resumed turn open": (

@@ -59,7 +59,10 @@ def test_every_accepted_message_has_exactly_one_fate(
     async def build(ctx: agentloop.Context) -> list[agentloop.AgentHandle]:
         register_race_tools(ctx)
         ctx.events.on(ev.InboxSpliced, splices.append)
-        ctx.events.on(ev.InboxClaimed, lambda e: claimed.append(e.message.id))
+        # Only this agent's claims: the kit's delegate tool makes sub-agents, which claim too.
+        ctx.events.on(
+            ev.InboxClaimed, lambda e: claimed.append(e.message.id) if e.agent_id == "p" else None
+        )
         ctx.events.on(ev.AgentStatus, lambda e: transitions.append((e.previous, e.status)))
         return [await ctx.agents.create(session_id="p", agent_options=OPTIONS)]
 
@@ -187,7 +190,11 @@ def test_any_mix_of_operations_and_model_behaviours_keeps_every_invariant(
     seen: dict[str, Any] = {}
 
     def check(ctx: agentloop.Context, handles: Sequence[agentloop.AgentHandle]) -> None:
-        seen["statuses"] = {h.agent.status for h in handles}
+        # A turn blocked on approvals (the kit's guarded tool) is a quiescent state too.
+        seen["statuses"] = {
+            h.agent.status for h in handles
+            if not (h.agent.status == "running" and h.agent.pending_approvals)
+        }
 
     run_race(ops, script=script, check=check)
     if not any(isinstance(op, als.Exit) for op in ops):
