@@ -318,14 +318,14 @@ class ToolsFacade:
             raise ToolDefinitionError(
                 f"concurrency must be 'exclusive' or 'parallel', got {concurrency!r}"
             )
+        build = tool(
+            name=name, concurrency=concurrency, classify=classify, timeout=timeout,
+            finalize_content=finalize_content, idempotent=idempotent,
+            requires_approval=requires_approval,
+        )
 
         def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
-            tool = tool_from_function(
-                f, name=name, concurrency=concurrency, classify=classify, timeout=timeout,
-                finalize_content=finalize_content, idempotent=idempotent,
-                requires_approval=requires_approval,
-            )
-            self.register(tool)
+            self.register(build(f))
             return f
 
         if fn is not None:
