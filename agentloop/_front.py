@@ -184,7 +184,8 @@ async def open_agent(
         tools: :class:`Tool` values (``@agentloop.tool``) or annotated, documented functions;
             they are this agent's (its sub-agents do not see them).
         output_type: the structured output every ``run``/``ask`` asks for unless it names
-            its own (an attrs class, a dataclass, a ``TypedDict`` or a JSON-schema dict).
+            its own (an attrs class, a dataclass, a ``TypedDict``, a pydantic ``BaseModel``
+            or a JSON-schema dict).
         session_id: the session to create, or to resume when the configured store holds it;
             by default a fresh one.
         config: as for :func:`open_runtime` (a ``Config``, a TOML path or a mapping); its

@@ -32,6 +32,9 @@ class Registration:
     provider: str
     adapter: ModelAdapter
     retry: RetryPolicy | None = None
+    schemaless: set[str | None] = attrs.field(factory=set, repr=False)
+    """The models of this route whose server refused a JSON-schema response format (filled
+    as calls find out; a new registration starts empty)."""
 
 
 @attrs.frozen(slots=True)
@@ -55,6 +58,22 @@ class PreparedCall:
     def retry(self) -> RetryPolicy | None:
         """The retry policy captured by the pinned registration (``None`` without one)."""
         return None if self.registration is None else self.registration.retry
+
+    @property
+    def native_output(self) -> bool:
+        """Whether structured output goes as a JSON-schema response format on this call: the
+        adapter supports one, and the route's server has not refused it."""
+        reg = self.registration
+        return (
+            reg is not None and reg.adapter.supports_json_schema
+            and self.config.model not in reg.schemaless
+        )
+
+    def refused_json_schema(self) -> None:
+        """Remember that this route's server refused the JSON-schema response format: later
+        calls on it offer the ``final_result`` tool instead."""
+        if self.registration is not None:
+            self.registration.schemaless.add(self.config.model)
 
     async def serve(
         self, request: LLMRequest, *, agent_id: str

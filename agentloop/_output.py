@@ -15,9 +15,10 @@ from typing import Any, Final, NoReturn
 
 import attrs
 
-from ._errors import InvalidContent, ToolDefinitionError
+from ._errors import InvalidContent, ProviderError, ToolDefinitionError
 from ._json import FrozenDict, freeze, thaw
 from ._model import ToolCall, ToolSpec
+from ._pydantic import OutputRefusedError, is_model, model_schema, model_value
 from ._schema import (
     coerce_value,
     compile_validator,
@@ -26,7 +27,9 @@ from ._schema import (
     validate_arguments,
 )
 
-__all__ = ["FINAL_RESULT", "OutputSpec", "Verdict", "output_spec", "rebuild_output"]
+__all__ = [
+    "FINAL_RESULT", "OutputSpec", "Verdict", "output_spec", "rebuild_output", "refuses_schema",
+]
 
 FINAL_RESULT: Final = "final_result"
 
@@ -65,7 +68,8 @@ class Verdict:
 
 
 def output_spec(output_type: object) -> OutputSpec:
-    """The spec of a run's ``output_type``: a JSON-schema mapping, or a type with a schema.
+    """The spec of a run's ``output_type``: a JSON-schema mapping, a type with a schema, or a
+    pydantic ``BaseModel`` subclass (its ``model_json_schema()``, checked by ``model_validate``).
 
     Raises:
         ToolDefinitionError: the type has no JSON schema, or the mapping is not a valid
@@ -80,6 +84,8 @@ def output_spec(output_type: object) -> OutputSpec:
         _check_object_schema(schema)
         title = schema.get("title")
         return OutputSpec(schema, title if isinstance(title, str) and title else "output")
+    if is_model(output_type):
+        return _model_spec(output_type)
     schema = schema_for_type(output_type)
     if schema.get("type") != "object":
         # Both providers' formats and tool parameters must be objects.
@@ -91,9 +97,26 @@ def output_spec(output_type: object) -> OutputSpec:
     return OutputSpec(schema, getattr(output_type, "__name__", "output"), build)
 
 
-def _check_object_schema(schema: FrozenDict) -> None:
+def _model_spec(model: Any) -> OutputSpec:
+    try:
+        frozen = freeze(model_schema(model), path="output_type")
+    except Exception as exc:  # noqa: BLE001 - pydantic refuses some types a schema cannot show
+        raise ToolDefinitionError(
+            f"output_type {model.__name__}: pydantic cannot give its JSON schema: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+    assert isinstance(frozen, FrozenDict)
+    _check_object_schema(frozen, f"output_type {model.__name__}")
+
+    def build(value: object) -> object:
+        return model_value(model, thaw(value))
+
+    return OutputSpec(frozen, model.__name__, build)
+
+
+def _check_object_schema(schema: FrozenDict, where: str = "output_type") -> None:
     def bad(problem: str) -> NoReturn:
-        raise ToolDefinitionError(f"output_type: {problem}")
+        raise ToolDefinitionError(f"{where}: {problem}")
 
     if schema.get("type") != "object":
         bad(f"the schema must describe a JSON object (\"type\": \"object\"), got type "
@@ -130,6 +153,8 @@ def _judge(spec: OutputSpec, value: object, call: ToolCall | None = None) -> Ver
     if not problems and spec.build is not None:
         try:
             spec.build(value)
+        except OutputRefusedError as exc:
+            problems = exc.problems
         except Exception as exc:  # noqa: BLE001 - any refusal of the type is a correction
             problems = (f"{spec.name} refused the output: {type(exc).__name__}: {exc}",)
     return Verdict(True, value, problems, call=call)
@@ -155,6 +180,19 @@ def check(spec: OutputSpec, native: bool, text: str, calls: tuple[ToolCall, ...]
     return Verdict(False)
 
 
+_SCHEMA_WORDS: Final = ("response_format", "response format", "json_schema", "json schema")
+
+
+def refuses_schema(error: ProviderError) -> bool:
+    """Whether a failed call was the server refusing the JSON-schema response format: HTTP
+    400 or 422 whose message names it (llama.cpp answers 422, others 400 naming
+    ``response_format``)."""
+    if error.status not in (400, 422):
+        return False
+    message = error.message.lower()
+    return any(word in message for word in _SCHEMA_WORDS)
+
+
 def correction(verdict: Verdict) -> str:
     """What the model is told when its output did not fit, in words it can act on."""
     if not verdict.found:
@@ -168,4 +206,6 @@ def rebuild_output(output_type: object, value: object) -> object:
     plain = thaw(value)
     if isinstance(output_type, Mapping):
         return plain
+    if is_model(output_type):
+        return model_value(output_type, plain)
     return coerce_value(output_type, plain)

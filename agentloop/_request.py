@@ -20,7 +20,7 @@ from ._errors import ProviderError
 from ._events import AgentRequest, AgentRequestError, AgentStepResult, Retry, _Outcome
 from ._json import FrozenDict, freeze_repaired
 from ._model import CallConfig, LLMRequest, Message, ToolSpec
-from ._output import OutputSpec
+from ._output import OutputSpec, refuses_schema
 from ._output import check as check_output
 from ._reply import StepOutcome, fold_stream
 
@@ -153,6 +153,14 @@ class Requests:
                 return outcome, config, prepared
             except ProviderError as err:
                 failure = err
+            if spec is not None and prepared is not None and prepared.native_output and (
+                refuses_schema(failure)
+            ):
+                # Once per route: the call is made again at once, offering the final_result
+                # tool, and so is every later call on this route.
+                prepared.refused_json_schema()
+                after = self._failed(config, attempt, failure)
+                continue
             # Recovery runs outside the except block: a retry wait must not chain onto (or,
             # when cancelled, discard) the provider error.
             decision = None
@@ -165,14 +173,18 @@ class Requests:
                 )
             if not isinstance(decision, Retry):
                 raise failure
-            # The next header records the failed call, so the log keeps every attempt.
-            error = freeze_repaired(failure.to_json())[0]
-            assert isinstance(error, FrozenDict)
-            after = _log.failed_call(config.provider, config.model, attempt, error)
+            after = self._failed(config, attempt, failure)
             if decision.config is not None:
                 config = decision.config
             # A handler that retries at once must still let other tasks (and cancel()) in.
             await trio.lowlevel.checkpoint()
+
+    @staticmethod
+    def _failed(config: CallConfig, attempt: int, failure: ProviderError) -> FrozenDict:
+        """The next header records the failed call, so the log keeps every attempt."""
+        error = freeze_repaired(failure.to_json())[0]
+        assert isinstance(error, FrozenDict)
+        return _log.failed_call(config.provider, config.model, attempt, error)
 
     async def _prepare(self, config: CallConfig) -> PreparedCall:
         if not config.provider or not config.model:
@@ -209,10 +221,7 @@ class Requests:
             turn,
         )
         sent[route] = messages
-        native = spec is not None and (
-            prepared.registration is not None
-            and prepared.registration.adapter.supports_json_schema
-        )
+        native = spec is not None and prepared.native_output
         request = LLMRequest(
             system=system,
             messages=messages,

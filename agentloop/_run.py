@@ -112,10 +112,10 @@ class RunControls:
         raised there). Leaving it before that turn ended cancels that turn (cause ``"run"``,
         the inbox kept), or removes the message if no turn claimed it yet, and nothing else.
 
-        ``output_type`` (an attrs class, a dataclass, a ``TypedDict`` or a JSON-schema dict)
-        asks the turn for structured output: ``RunResult.output`` is then an instance of it
-        (a dict for a schema). Without one, the agent's ``AgentOptions.output_type`` (if
-        set) is asked for.
+        ``output_type`` (an attrs class, a dataclass, a ``TypedDict``, a pydantic
+        ``BaseModel`` or a JSON-schema dict) asks the turn for structured output:
+        ``RunResult.output`` is then an instance of it (a dict for a schema). Without one,
+        the agent's ``AgentOptions.output_type`` (if set) is asked for.
 
         Raises:
             ToolDefinitionError: ``output_type`` has no JSON schema.

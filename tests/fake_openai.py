@@ -18,6 +18,7 @@ import attrs
 import pytest
 
 ANSWER = ["Hello", " from", " the", " fake", " model."]
+REFUSAL = 'response_format: unsupported type "json_schema"'
 
 
 @attrs.define
@@ -38,6 +39,9 @@ class FakeOpenAI:
     replies: list[Reply] = attrs.field(factory=list)
     requests: list[dict[str, Any]] = attrs.field(factory=list)
     headers: list[dict[str, str]] = attrs.field(factory=list)
+    refuse_response_format: int = 0
+    """When set, a request carrying ``response_format`` is answered with this status and an
+    error naming it (as servers without JSON-schema support answer), no scripted reply used."""
 
     def next_reply(self) -> Reply:
         return self.replies.pop(0) if self.replies else Reply()
@@ -57,7 +61,10 @@ def _handler(fake: FakeOpenAI) -> type[http.server.BaseHTTPRequestHandler]:
             body = self.rfile.read(int(self.headers.get("content-length", "0")))
             fake.requests.append(json.loads(body))
             fake.headers.append({k.lower(): v for k, v in self.headers.items()})
-            reply = fake.next_reply()
+            if fake.refuse_response_format and "response_format" in fake.requests[-1]:
+                reply = Reply(status=fake.refuse_response_format, error=REFUSAL)
+            else:
+                reply = fake.next_reply()
             if reply.status != 200:
                 payload = json.dumps({"error": {"message": reply.error, "type": "auth"}})
                 self.send_response(reply.status)
