@@ -28,7 +28,8 @@ pytest.importorskip("mcp_server_time")
 from acp import schema
 from fake_openai import FakeOpenAI, Reply
 
-pytestmark = pytest.mark.mcp
+# Slow: a real editor session over ACP, the command line in subprocesses.
+pytestmark = [pytest.mark.mcp, pytest.mark.slow]
 
 
 class Editor:

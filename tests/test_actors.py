@@ -229,6 +229,7 @@ class FlakyStore:
         pass
 
 
+@pytest.mark.slow
 @given(fail=st.sets(st.sampled_from(POINTS), min_size=1, max_size=4),
        turns=st.integers(1, 3), close_first=st.booleans())
 def test_injected_failures_never_reach_the_supervisor_or_another_agent(

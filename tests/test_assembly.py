@@ -447,6 +447,7 @@ async def run_ops(ops: list[tuple[str, int]]) -> None:
         assert checker.checked == len(of_type(agent, "request/header"))
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(OPS)
 def test_random_turns_cancels_and_replacements_keep_the_history_valid(

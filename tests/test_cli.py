@@ -522,6 +522,7 @@ def test_a_base_url_without_a_key_is_called_keyless_with_a_warning(
 # --- exit codes and usage -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_usage_errors_are_one_line_and_a_hint(env: dict[str, str]) -> None:
     for argv in (["run"], ["chat", "--bogus"], ["run", "--max-tokens", "0", "hi"], ["nope"]):
         done = cli(*argv, env=env)

@@ -194,6 +194,7 @@ def _cancel_hook(rt: agentloop.Context, point: str, cancel: Any) -> None:
         on(cls[point], cancel)
 
 
+@pytest.mark.slow
 @given(point=st.sampled_from(_POINTS), parallel=st.booleans(), calls=st.integers(1, 3))
 def test_no_body_starts_after_a_cancel_from_any_sync_handler(
     point: str, parallel: bool, calls: int

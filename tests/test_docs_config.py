@@ -45,6 +45,7 @@ def python_blocks(page: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", (ROOT / "docs" / page).read_text(), re.DOTALL)
 
 
+@pytest.mark.slow
 def test_the_postgres_page_code_runs_without_a_server() -> None:
     [block] = python_blocks("postgres.md")
     done = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True,

@@ -366,6 +366,7 @@ async def ui_process(argv: list[str]) -> AsyncIterator[str]:
             print((await process.stderr.receive_some(100000)).decode())
 
 
+@pytest.mark.slow
 async def test_the_command_prints_a_tokened_loopback_url(tmp_path: Path) -> None:
     config = tmp_path / "agentloop.toml"
     config.write_text(

@@ -20,6 +20,9 @@ pytest.importorskip("hypercorn", reason="the inspector needs the ui extra (hyper
 from test_inspector import sse, ui_process
 from test_postgres import PASSWORD, cluster, dsn, schema  # noqa: F401 - fixtures
 
+# Slow: a throwaway PostgreSQL cluster.
+pytestmark = pytest.mark.slow
+
 
 async def test_the_inspector_reads_and_drives_a_postgres_store(
     dsn: str,  # noqa: F811 - the fixture imported above

@@ -565,6 +565,7 @@ def _as_text(value: object) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
+@pytest.mark.slow
 @settings(max_examples=40)
 @given(contents=st.lists(st.tuples(_CONTENT, _JSONISH), min_size=1, max_size=3))
 def test_send_accepts_exactly_what_can_be_stored_and_sent_unchanged(

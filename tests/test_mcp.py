@@ -29,7 +29,8 @@ from agentloop._config import load_config
 from agentloop.events import McpServerFailed
 from agentloop.testing import ScriptedModel, reply
 
-pytestmark = pytest.mark.mcp
+# Slow: real MCP servers from PyPI.
+pytestmark = [pytest.mark.mcp, pytest.mark.slow]
 
 TIME = ServerConfig(name="time", command=sys.executable, args=["-m", "mcp_server_time"])
 HAS_PROC = os.path.isdir("/proc/self")

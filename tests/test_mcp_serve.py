@@ -20,7 +20,8 @@ pytest.importorskip("mcp")
 from fake_openai import FakeOpenAI, Reply
 from mcp import Client, StdioServerParameters
 
-pytestmark = pytest.mark.mcp
+# Slow: the command line serving MCP in subprocesses.
+pytestmark = [pytest.mark.mcp, pytest.mark.slow]
 
 
 def _config(tmp_path: Path, fake: FakeOpenAI, agents: str, top: str = "") -> Path:

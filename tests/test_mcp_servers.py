@@ -28,7 +28,8 @@ from conftest import ready_child
 from agentloop import Context, open_runtime
 from agentloop.events import McpServerFailed
 
-pytestmark = pytest.mark.mcp
+# Slow: real MCP servers, killed and restarted.
+pytestmark = [pytest.mark.mcp, pytest.mark.slow]
 
 HERE = Path(__file__).resolve().parent
 HTTP_SERVER = HERE / "mcp_http_server.py"

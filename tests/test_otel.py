@@ -490,6 +490,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_the_configured_plugin_uses_the_global_providers() -> None:
     done = subprocess.run(
         [sys.executable, "-c", CHILD], cwd=ROOT, capture_output=True, text=True, timeout=60,

@@ -19,6 +19,9 @@ from agentloop_otel import traced_source
 from test_otel import Telemetry, telemetry  # noqa: F401 - a fixture
 from test_postgres import _config, cluster, dsn, schema  # noqa: F401 - fixtures
 
+# Slow: a throwaway PostgreSQL cluster.
+pytestmark = pytest.mark.slow
+
 
 async def test_a_message_routed_through_the_store_links_to_its_sender(
     dsn: str,  # noqa: F811 - the fixture imported above

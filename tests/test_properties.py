@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import attrs
+import pytest
 import trio
 from conftest import examples
 from hypothesis import given, settings
@@ -20,6 +21,9 @@ import agentloop
 from agentloop import events as ev
 from agentloop.testing import Race, register_race_tools, run_race
 from agentloop.testing import strategies as als
+
+# Slow: hypothesis searches over whole runtimes.
+pytestmark = pytest.mark.slow
 
 LEGAL = {("idle", "running"), ("running", "idle"), ("idle", "disposed"), ("running", "disposed")}
 OPTIONS = agentloop.AgentOptions(provider="race", model="m")

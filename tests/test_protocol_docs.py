@@ -18,6 +18,9 @@ import pytest
 
 from agentloop import load_config
 
+# Slow: the MCP and ACP pages' programs in subprocesses.
+pytestmark = pytest.mark.slow
+
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 PAGES = ["mcp.md", "mcp-serve.md", "acp.md"]
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import loopback
+import pytest
 import trio
 from hypothesis import given
 from hypothesis import strategies as st
@@ -23,6 +24,9 @@ from hypothesis import strategies as st
 from agentloop import Message
 from agentloop.llm import AnthropicAdapter, OpenAIChatAdapter, OpenAIResponsesAdapter
 from agentloop.llm._wire import dumps
+
+# Slow: hypothesis searches over real loopback HTTP.
+pytestmark = pytest.mark.slow
 
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12)
 OPAQUE = st.text(string.ascii_letters + string.digits + "+/=", min_size=1, max_size=40)

@@ -426,6 +426,7 @@ def _scripted_stream(replies: list[tuple[int, bool]]) -> Callable[[Any], AsyncIt
     return stream
 
 
+@pytest.mark.slow
 @given(ops=OPS, replies=REPLIES)
 def test_every_run_reads_exactly_its_turn(ops: list[Op], replies: list[tuple[int, bool]]) -> None:
     outcomes: list[tuple[agentloop.Run, list[agentloop.SessionEvent], int, object]] = []

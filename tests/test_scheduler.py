@@ -714,6 +714,7 @@ plans = st.lists(
 )
 
 
+@pytest.mark.slow
 @given(plan=plans, bound=st.integers(1, 4))
 def test_schedule_property(plan: list[tuple[str, int]], bound: int) -> None:
     async def main() -> None:

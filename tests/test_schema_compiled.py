@@ -37,6 +37,9 @@ from agentloop._schema import (
     validate_arguments,
 )
 
+# Slow: hypothesis comparisons of the compiled validator and the reference.
+pytestmark = pytest.mark.slow
+
 # --- the reference interpreter ---------------------------------------------------------
 
 

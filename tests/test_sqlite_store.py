@@ -313,6 +313,7 @@ json_values = st.recursive(
 )
 
 
+@pytest.mark.slow
 @given(st.dictionaries(st.text(), json_values))
 def test_stored_data_decodes_to_what_freeze_gives(value: dict[str, Any]) -> None:
     decoded = _DECODER.decode(_ENCODER.encode(value))

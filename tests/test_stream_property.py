@@ -24,12 +24,16 @@ from typing import Any, Literal
 
 import attrs
 import loopback
+import pytest
 import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
 from agentloop import Message, ProviderError
 from agentloop.llm import AnthropicAdapter, OpenAIChatAdapter, OpenAIResponsesAdapter
+
+# Slow: hypothesis searches over real loopback HTTP.
+pytestmark = pytest.mark.slow
 
 Wire = Literal["chat", "anthropic", "responses"]
 STREAM_ERRORS = {"invalid_stream", "incomplete_stream", "malformed_stream"}

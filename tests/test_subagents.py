@@ -999,6 +999,7 @@ def check_tree(order: list[tuple[str, str, Any]], jobs: list[agentloop.Job]) -> 
         assert job.status in ("done", "failed", "cancelled")
 
 
+@pytest.mark.slow
 @given(OPS)
 def test_tree_property(ops: list[Op]) -> None:
     """Random trees: two parents whose turns spawn, run, start jobs or crash after spawning;

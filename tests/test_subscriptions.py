@@ -123,6 +123,7 @@ async def test_leaving_the_block_ends_the_channel(
 # --- durable: lossless ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_a_stalled_durable_subscriber_loses_nothing(rt: agentloop.Context) -> None:
     session = appender(rt, "big")
     # capacity bounds control events only: durable ones ignore it.
@@ -164,6 +165,7 @@ async def test_durable_events_keep_each_sessions_seq_order_in_emission_order(
         assert seqs == list(range(1, order.count(name) + 1))
 
 
+@pytest.mark.slow
 async def test_a_slow_async_observer_of_durable_events_sees_every_one_in_order(
     rt: agentloop.Context, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -193,6 +195,7 @@ async def test_a_slow_async_observer_of_durable_events_sees_every_one_in_order(
     assert seen == list(range(1, count + 1))
 
 
+@pytest.mark.slow
 async def test_an_async_observer_of_a_control_event_is_told_what_it_missed(
     rt: agentloop.Context, caplog: pytest.LogCaptureFixture
 ) -> None:

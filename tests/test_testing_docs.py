@@ -9,6 +9,9 @@ from typing import Any
 
 import pytest
 
+# Slow: the worked examples run hypothesis searches in subprocesses.
+pytestmark = pytest.mark.slow
+
 DOC = Path(__file__).resolve().parents[1] / "docs" / "testing.md"
 
 

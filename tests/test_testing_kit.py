@@ -216,6 +216,7 @@ def log_of(plan: list[list[str]]) -> list[agentloop.SessionEvent]:
     return out
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(10))
 @given(plan=calls_st, data=st.data())
 def test_check_log_accepts_valid_logs_and_catches_each_mutation(
@@ -286,6 +287,7 @@ def test_anthropic_wants_alternation_and_a_user_first() -> None:
         check_history(GOOD, "gemini")  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(10))
 @given(plan=calls_st, data=st.data())
 def test_check_history_catches_a_lost_or_moved_tool_result(
@@ -422,6 +424,7 @@ def test_test_model_is_not_collected_as_a_test_class() -> None:
     assert TestModel.__test__ is False
 
 
+@pytest.mark.slow
 def test_importing_the_kit_does_not_import_hypothesis() -> None:
     code = ("import sys, agentloop.testing; assert 'hypothesis' not in sys.modules; "
             "import agentloop.testing.strategies; assert 'hypothesis' in sys.modules")

@@ -166,6 +166,7 @@ ADAPTERS = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.lists(MESSAGE, max_size=4), OPS, ADAPTERS)
 def test_the_spliced_body_is_the_whole_body_encoded(
