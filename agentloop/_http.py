@@ -7,6 +7,9 @@ Every adapter request goes through :func:`client_for`, which is also where
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
+import ssl
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
@@ -14,7 +17,7 @@ import trio
 
 from ._errors import ProviderError
 
-__all__ = ["open_shared_client", "client_for", "blocking_requests"]
+__all__ = ["open_shared_client", "client_for", "blocking_requests", "verifying_context"]
 
 _CLIENT: trio.lowlevel.RunVar[httpx.AsyncClient | None] = trio.lowlevel.RunVar(
     "agentloop_http_client", default=None
@@ -24,11 +27,25 @@ _CLIENT: trio.lowlevel.RunVar[httpx.AsyncClient | None] = trio.lowlevel.RunVar(
 DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=300.0, write=30.0, pool=30.0)
 
 
+@functools.lru_cache(maxsize=4)
+def _verifying_context(cafile: str | None, capath: str | None) -> ssl.SSLContext:
+    # Loading the CA bundle takes tens of milliseconds, far more than opening a runtime
+    # otherwise does; the context is the same for every client with the same trust roots.
+    del cafile, capath  # the cache key: httpx reads the same variables itself
+    return httpx.create_ssl_context()
+
+
+def verifying_context() -> ssl.SSLContext:
+    """The process's verifying TLS context, as httpx builds it by default (certifi's roots,
+    or ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` when set), built once per trust setting."""
+    return _verifying_context(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+
+
 @contextlib.asynccontextmanager
 async def open_shared_client() -> AsyncIterator[httpx.AsyncClient]:
     """Open the run's pooled client (the runtime does this once) and close it on exit."""
     previous = _CLIENT.get()
-    async with httpx.AsyncClient(timeout=DEFAULT_TIMEOUT) as client:
+    async with httpx.AsyncClient(timeout=DEFAULT_TIMEOUT, verify=verifying_context()) as client:
         _CLIENT.set(client)
         try:
             yield client
@@ -61,7 +78,7 @@ class _Refusing(httpx.AsyncBaseTransport):
                 code="network_blocked",
             )
         if self._real is None:
-            self._real = httpx.AsyncHTTPTransport()
+            self._real = httpx.AsyncHTTPTransport(verify=verifying_context())
         return await self._real.handle_async_request(request)
 
     async def aclose(self) -> None:
@@ -91,5 +108,5 @@ async def client_for(explicit: httpx.AsyncClient | None) -> AsyncIterator[httpx.
     if client is not None:
         yield client
         return
-    async with httpx.AsyncClient(timeout=DEFAULT_TIMEOUT) as private:
+    async with httpx.AsyncClient(timeout=DEFAULT_TIMEOUT, verify=verifying_context()) as private:
         yield private

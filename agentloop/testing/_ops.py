@@ -76,8 +76,10 @@ class Race:
     nursery: trio.Nursery
     events: list[Any]
     """Inbox events recorded from the start (what :func:`check_inbox` reads)."""
-    sessions: dict[int, Session] = attrs.field(factory=dict)
-    """Every session the race saw, sub-agents' included (by ``id()`` of the session)."""
+    sessions: dict[str, Session] = attrs.field(factory=dict)
+    """Every session the race saw, sub-agents' included, once each by session id: a session
+    resumed after its agent's disposal is its resumed agent's (whose log continues the
+    first)."""
     disposed_at: dict[int, int] = attrs.field(factory=dict)
     notes: list[str] = attrs.field(factory=list)
     """Free text for the failure report (``race.note(...)``)."""

@@ -139,6 +139,10 @@ class _Example:
     applied: int = 0
     race: Race | None = None
     all_agents: dict[int, Agent] = attrs.field(factory=dict)
+    # Every session object the race saw, by ``id()``: a resumed session's earlier objects too,
+    # whose logs the kit checks as well (``race.sessions`` shows each session once).
+    logs: dict[int, Any] = attrs.field(factory=dict)
+    notes: list[str] = attrs.field(factory=list)  # every life's race notes into it
 
 
 def run_race(
@@ -175,6 +179,9 @@ def run_race(
     they missed); then ``check(ctx, handles)`` or ``check(race)`` (sync or async); then it
     leaves the runtime (disposing every agent) and checks the logs again, with nothing
     appended after any agent's disposal and every agent's status ``"disposed"``.
+
+    A :class:`Crash` ends the runtime's process: a fresh runtime runs ``build`` again,
+    resumes every stored session it did not open, and applies the rest of the operations.
 
     Any failure raises ``AssertionError`` whose message is the ``run_race`` call that replays
     it (operations, script, seed), the original error chained.
@@ -237,7 +244,8 @@ async def _life(example: _Example, store: RaceStore | None, *, resumed: bool
         handles = await (_resume(ctx, example, store) if resumed else _build(ctx, example))
         async with trio.open_nursery() as background:
             async with trio.open_nursery() as nursery:
-                race = Race(ctx, handles, nursery, events, probe=example.probe)
+                race = Race(ctx, handles, nursery, events, notes=example.notes,
+                            probe=example.probe)
                 race.background, race.state["store"] = background, store
                 example.race = race
                 _seen(race, example)
@@ -258,6 +266,7 @@ async def _life(example: _Example, store: RaceStore | None, *, resumed: bool
         for meta_events in store.sessions.values():
             check_log(meta_events[1], quiescent=False)
         example.all_agents.clear()
+        example.logs.clear()
         return store
     _check_closed(race, example)
     return None
@@ -265,15 +274,18 @@ async def _life(example: _Example, store: RaceStore | None, *, resumed: bool
 
 async def _resume(ctx: Context, example: _Example, store: RaceStore | None
                   ) -> list[AgentHandle]:
-    if example.kit_tools:
-        register_race_tools(ctx)
-    if ctx.llm.adapter(PROVIDER) is None:
-        ctx.llm.register(PROVIDER, RaceModel(example.script))
-    handles: list[AgentHandle] = []
+    # The fresh process runs the user's build again (its hooks, models and tools belong to
+    # the runtime, and the crashed one took them along); a create of an id the store holds
+    # is refused there, and the stored session is resumed instead.
+    try:
+        handles = list(await _user_build(ctx, example) or ())
+    except SessionIdInUse as exc:
+        handles = []
+        example.notes.append(f"build, run again after the crash, was refused: {exc}")
     if store is None:
         return handles
     for info in sorted(await store.list(), key=lambda i: i.id):
-        if info.parent_session_id is not None:
+        if info.parent_session_id is not None or ctx.agents.get(info.id) is not None:
             continue  # a resumed parent recovers its children
         try:
             handles.append(await ctx.agents.resume(resume_session_id=info.id,
@@ -327,7 +339,9 @@ def _at(probe: Probe, point: str) -> Callable[[Event], Awaitable[None]]:
     return at
 
 
-async def _build(ctx: Context, example: _Example) -> list[AgentHandle]:
+async def _user_build(ctx: Context, example: _Example) -> list[AgentHandle] | None:
+    """The kit's tools, then the user's ``build``, then the race's model where build left
+    the provider free: the handles build returned, or ``None``."""
     if example.kit_tools:
         register_race_tools(ctx)
     built: Any = None
@@ -338,20 +352,28 @@ async def _build(ctx: Context, example: _Example) -> list[AgentHandle]:
     if ctx.llm.adapter(PROVIDER) is None:
         ctx.llm.register(PROVIDER, RaceModel(example.script))
     if built is None:
-        return [
-            await ctx.agents.create(session_id=f"race-{i}", agent_options=OPTIONS)
-            for i in range(example.agents)
-        ]
-    if isinstance(built, Sequence):
-        return list(built)
-    return [built]
+        return None
+    return list(built) if isinstance(built, Sequence) else [built]
+
+
+async def _build(ctx: Context, example: _Example) -> list[AgentHandle]:
+    built = await _user_build(ctx, example)
+    if built is not None:
+        return built
+    return [
+        await ctx.agents.create(session_id=f"race-{i}", agent_options=OPTIONS)
+        for i in range(example.agents)
+    ]
 
 
 def _seen(race: Race, example: _Example) -> None:
     for h in race.handles:
         example.all_agents.setdefault(id(h.agent), h.agent)
     for agent in example.all_agents.values():
-        race.sessions.setdefault(id(agent.session), agent.session)
+        example.logs.setdefault(id(agent.session), agent.session)
+        # The agent seen last holds the session's latest log: a resumed session's log
+        # continues the one its disposed agent wrote, so each session is shown once.
+        race.sessions[agent.session.id] = agent.session
     race.agents[:] = example.all_agents.values()
 
 
@@ -404,7 +426,7 @@ async def _user_check(race: Race, example: _Example) -> None:
 
 def _check_race(race: Race, example: _Example, *, quiescent: bool) -> None:
     live = [a for a in example.all_agents.values() if a.status != "disposed"]
-    for session in race.sessions.values():
+    for session in example.logs.values():
         agent = next((a for a in example.all_agents.values() if a.session is session), None)
         parked = agent is not None and bool(agent.pending_approvals)
         _check_session(session, example.providers, quiescent=quiescent and not parked,
@@ -415,7 +437,7 @@ def _check_race(race: Race, example: _Example, *, quiescent: bool) -> None:
 
 
 def _check_closed(race: Race, example: _Example) -> None:
-    for key, session in race.sessions.items():
+    for key, session in example.logs.items():
         _check_session(session, (), disposed_at=race.disposed_at.get(key), closed=True)
     for agent in example.all_agents.values():
         if agent.status != "disposed":

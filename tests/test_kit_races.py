@@ -1,0 +1,98 @@
+"""``run_race`` across a resume and a crash: what ``check`` sees, and what the fresh runtime
+has; and what one example costs to set up (a runtime opened per example)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import certifi
+import pytest
+
+import agentloop
+from agentloop._http import verifying_context
+from agentloop.events import ToolPreExecute
+from agentloop.testing import Race, run_race
+from agentloop.testing import strategies as als
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> Iterator[None]:
+    logger = logging.getLogger("agentloop")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    yield
+    logger.setLevel(level)
+
+
+def test_a_session_resumed_after_its_close_is_seen_once() -> None:
+    seen: dict[str, Any] = {}
+
+    def check(race: Race) -> None:
+        seen["agents"] = [a.id for a in race.agents]
+        seen["sessions"] = list(race.sessions)
+        seen["turns"] = race.sessions["race-0"].turns
+        seen["latest"] = race.sessions["race-0"] is race.handles[-1].agent.session
+
+    ops = [als.Followup(0), als.Settle(), als.Close(0), als.Settle(), als.Resume(0),
+           als.Settle(), als.Followup(2)]
+    run_race(ops, script=[als.Say("fine")], check=check)
+    assert sorted(seen["agents"]) == ["race-0", "race-0", "race-1"], seen
+    # One log per session: the resumed agent's, which continues the first agent's turns.
+    assert sorted(seen["sessions"]) == ["race-0", "race-1"], seen
+    assert seen["latest"] and seen["turns"] == 2, seen
+
+
+def test_no_message_counts_twice_across_a_resume() -> None:
+    def check(race: Race) -> None:
+        ids = [e.data["message_id"] for s in race.sessions.values() for e in s.events
+               if e.type == "user/message"]
+        assert len(ids) == len(set(ids)) == 2, ids
+
+    ops = [als.Followup(0), als.Settle(), als.Close(0), als.Settle(), als.Resume(0),
+           als.Settle(), als.Followup(2)]
+    run_race(ops, script=[als.Say("fine")], check=check)
+
+
+def test_build_runs_again_in_the_runtime_a_crash_resumes() -> None:
+    built: list[agentloop.Context] = []
+    entered: list[tuple[int, str]] = []
+
+    def build(ctx: agentloop.Context) -> None:
+        built.append(ctx)
+        ctx.events.on(ToolPreExecute, lambda e: entered.append((id(ctx), e.call.id)))
+
+    def check(race: Race) -> None:
+        assert len(built) == 2 and race.ctx is built[1], built
+        # The hook the second build registered saw the resumed runtime's calls.
+        assert [c for who, c in entered if who == id(race.ctx)], entered
+
+    ops = [als.Followup(0), als.Settle(), als.Crash(0), als.Followup(0)]
+    run_race(ops, script=[als.CallTools(("fast",)), als.Say()], build=build, check=check)
+
+
+def test_a_build_that_creates_a_stored_id_again_gets_it_resumed() -> None:
+    options = agentloop.AgentOptions(provider="race", model="m")
+
+    async def build(ctx: agentloop.Context) -> agentloop.AgentHandle:
+        return await ctx.agents.create(session_id="mine", agent_options=options)
+
+    def check(race: Race) -> None:
+        assert [h.agent.id for h in race.handles] == ["mine"]
+        assert race.sessions["mine"].turns == 2
+        assert any("refused" in n for n in race.notes), race.notes
+
+    ops = [als.Followup(0), als.Settle(), als.Crash(0), als.Followup(0)]
+    run_race(ops, script=[als.Say()], build=build, check=check)
+
+
+def test_every_runtime_shares_one_verifying_tls_context(monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
+    # Loading the CA bundle for each runtime's client made it most of a race example's cost.
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    first = verifying_context()
+    assert verifying_context() is first
+    monkeypatch.setenv("SSL_CERT_FILE", certifi.where())
+    assert verifying_context() is not first
