@@ -172,6 +172,22 @@ async def test_a_picked_session_is_recovered_before_its_input_is_delivered(dsn: 
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
 
 
+async def test_a_session_no_runtime_ever_drove_is_served(dsn: str) -> None:
+    disposed = trio.Event()
+    with trio.fail_after(60):
+        async with PostgresSessionStore(dsn) as store:
+            # Stored without ever taking a lease: it has no lease row to lock yet.
+            await store.create("n1", agentloop.FrozenDict())
+        async with (
+            agentloop.open_runtime(_front(dsn)) as front,
+            agentloop.open_runtime(_serving(dsn), plugins=[_model_plugin]) as server,
+        ):
+            server.events.on(AgentDisposed, lambda e: disposed.set())
+            mid = await front.sessions.send("n1", "first words")
+            await disposed.wait()
+    _check_exactly_once(await _logs(dsn, ["n1"]), {"n1": [mid]})
+
+
 async def test_two_serving_runtimes_never_drive_the_same_session(
     cluster: Cluster, schema: str, dsn: str
 ) -> None:

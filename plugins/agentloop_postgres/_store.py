@@ -1293,7 +1293,19 @@ class PostgresSessionStore:
 
     def _do_pick(self, limit: int, only: builtins.list[str] | None) -> builtins.list[str]:
         ttl = self._lease_seconds
-        rows = self._db.execute(
+        conn = self._db
+        # A session created without a lease (epoch 0, never driven) gets its free lease row,
+        # which is what the database locks to hand it to one runtime.
+        conn.execute(
+            "INSERT INTO agentloop_leases (session_id, epoch)"
+            " SELECT DISTINCT i.session_id, 0 FROM agentloop_inbox i"
+            " WHERE i.discarded_at IS NULL AND i.delivered_at IS NULL"
+            " AND (%s::text[] IS NULL OR i.session_id = ANY(%s::text[]))"
+            " AND NOT EXISTS (SELECT 1 FROM agentloop_leases l WHERE l.session_id = i.session_id)"
+            " ON CONFLICT (session_id) DO NOTHING",
+            (only, only),
+        )
+        rows = conn.execute(
             "UPDATE agentloop_leases l SET epoch = l.epoch + 1, owner = %s, host = %s,"
             " pid = %s, started = %s, acquired_at = clock_timestamp(),"
             " expires_at = clock_timestamp() + make_interval(secs => %s)"
