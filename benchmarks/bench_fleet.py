@@ -186,6 +186,12 @@ class Server:
     def signal(self, sig: int) -> None:
         self.proc.send_signal(sig)
 
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait()
+
     def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -242,7 +248,9 @@ class Run:
         return texts
 
     async def arrive(self, texts: list[str], within: float) -> None:
-        missing = await trio.to_thread.run_sync(self.model.wait_for, set(texts), within)
+        missing = await trio.to_thread.run_sync(
+            self.model.wait_for, set(texts), within, abandon_on_cancel=True
+        )
         if missing:
             raise SystemExit(f"{len(missing)} acknowledged messages never reached the model,"
                              f" e.g. {sorted(missing)[:5]}")
@@ -293,47 +301,61 @@ async def main(sessions: int, paced: int, rate: float) -> None:
             assert isinstance(store, PostgresSessionStore)
             for sid in ids:
                 await store.create(sid, FrozenDict())
-            servers = [await trio.to_thread.run_sync(Server, config, Path(tmp) / f"server{i}.log")
-                       for i in range(3)]
-            print(f"3 serving processes, {sessions} stored sessions, lease {LEASE:.0f} s,"
-                  " idle sessions let go after 1 s")
-            run = Run(front, model, ids)
-
-            start = time.monotonic()
-            texts = await run.paced(paced, rate, rng)
-            await run.arrive(texts, 120)
-            report(f"paced ({rate:.0f}/s to random sessions)", run, texts,
-                   time.monotonic() - start)
-
-            start = time.monotonic()
-            order = list(ids)
-            rng.shuffle(order)
-            texts = await run.burst(order)
-            await run.arrive(texts, 300)
-            report("burst (every session at once)", run, texts, time.monotonic() - start)
-
-            killed, stopped = servers[0], servers[1]
-            third = paced // 3
-            events = {
-                third: lambda: killed.signal(signal.SIGKILL),
-                third + third // 2: lambda: stopped.signal(signal.SIGSTOP),
-                2 * third + third // 2: lambda: stopped.signal(signal.SIGCONT),
-            }
-            start = time.monotonic()
-            texts = await run.paced(paced, rate, rng, at=events)
-            await run.arrive(texts, 300)
-            report("chaos (one server SIGKILLed, one SIGSTOPped then continued)", run, texts,
-                   time.monotonic() - start)
-
-            start = time.monotonic()
-            texts = await run.burst(ids)
-            await run.arrive(texts, 300)
-            report("every session driven again", run, texts, time.monotonic() - start)
-            codes = [await trio.to_thread.run_sync(server.stop) for server in servers]
-            if codes != [-signal.SIGKILL, 0, 0]:
-                raise SystemExit(f"the servers exited with {codes}")
+            servers: list[Server] = []
+            try:
+                for i in range(3):
+                    log = Path(tmp) / f"server{i}.log"
+                    servers.append(await trio.to_thread.run_sync(Server, config, log))
+                run = await phases(front, model, ids, servers, paced, rate, rng)
+            finally:
+                for server in servers:
+                    server.kill()  # only those a failed run left behind
         await check(dsn, run)
         print(f"model requests: {model.requests}")
+
+
+async def phases(
+    front: agentloop.Context, model: Model, ids: list[str], servers: list[Server],
+    paced: int, rate: float, rng: random.Random,
+) -> Run:
+    print(f"3 serving processes, {len(ids)} stored sessions, lease {LEASE:.0f} s,"
+          " idle sessions let go after 1 s")
+    run = Run(front, model, ids)
+
+    start = time.monotonic()
+    texts = await run.paced(paced, rate, rng)
+    await run.arrive(texts, 120)
+    report(f"paced ({rate:.0f}/s to random sessions)", run, texts,
+           time.monotonic() - start)
+
+    start = time.monotonic()
+    order = list(ids)
+    rng.shuffle(order)
+    texts = await run.burst(order)
+    await run.arrive(texts, 300)
+    report("burst (every session at once)", run, texts, time.monotonic() - start)
+
+    killed, stopped = servers[0], servers[1]
+    third = paced // 3
+    events = {
+        third: lambda: killed.signal(signal.SIGKILL),
+        third + third // 2: lambda: stopped.signal(signal.SIGSTOP),
+        2 * third + third // 2: lambda: stopped.signal(signal.SIGCONT),
+    }
+    start = time.monotonic()
+    texts = await run.paced(paced, rate, rng, at=events)
+    await run.arrive(texts, 300)
+    report("chaos (one server SIGKILLed, one SIGSTOPped then continued)", run, texts,
+           time.monotonic() - start)
+
+    start = time.monotonic()
+    texts = await run.burst(ids)
+    await run.arrive(texts, 300)
+    report("every session driven again", run, texts, time.monotonic() - start)
+    codes = [await trio.to_thread.run_sync(server.stop) for server in servers]
+    if codes != [-signal.SIGKILL, 0, 0]:
+        raise SystemExit(f"the servers exited with {codes}")
+    return run
 
 
 if __name__ == "__main__":

@@ -172,6 +172,31 @@ async def test_a_picked_session_is_recovered_before_its_input_is_delivered(dsn: 
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
 
 
+async def test_a_session_is_not_let_go_before_its_driver_claims_its_input(dsn: str) -> None:
+    async with PostgresSessionStore(dsn) as store:
+        await store.create("w1", agentloop.FrozenDict())
+        first = await store.send("w1", "first")
+        await store.acquire("w1", "me")
+        # Sent, not yet claimed by the driver that holds the lease: it is about to arrive.
+        assert await store.mark_delivered("w1") == 1
+        [claimed] = await store.claim("w1")
+        assert claimed.id == first
+        # Claimed but not in the log (the agent refused it): not waiting, and not delivered.
+        assert await store.mark_delivered("w1") == 0
+        store.append("w1", SessionEvent(1, "user/message", 1, agentloop.FrozenDict(
+            message_id="m1", content="first", source=agentloop.FrozenDict(inbox=first))))
+        await store.flush("w1", 1)
+        assert await store.mark_delivered("w1") == 0
+        await store.release("w1", "me")
+        # Delivered: nothing left for a serving runtime to pick.
+        assert await store.pick(10) == []
+        second = await store.send("w1", "second")
+        assert await store.pick(10) == ["w1"]
+        assert await store.pick(10) == []  # reserved: nobody else gets it
+        await store.acquire("w1", "me")  # the reservation is handed over
+        assert [m.id for m in await store.claim("w1")] == [second]
+
+
 async def test_a_session_no_runtime_ever_drove_is_served(dsn: str) -> None:
     disposed = trio.Event()
     with trio.fail_after(60):

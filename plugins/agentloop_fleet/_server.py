@@ -51,7 +51,9 @@ async def release_idle(server: FleetServer, handle: AgentHandle) -> bool:
     agent, store = handle.agent, server.store
     try:
         await store.flush(agent.id, agent.session.last_seq)
-        await store.mark_delivered(agent.id)
+        if await store.mark_delivered(agent.id):
+            # Input this driver has yet to claim: idle only until the router hands it over.
+            return False
     except PersistenceError as exc:
         # Lost to a takeover or an outage: the next driver continues from the stored log.
         log.info("session %s: letting go without marking its input: %s", agent.id, exc)
@@ -227,6 +229,8 @@ class FleetServer:
             log.warning("session %s: letting it go failed: %r", session_id, exc)
             gone = handle.agent.status == "disposed"
         if not gone:
+            if handle.agent.status == "idle" and self.driving.get(session_id) is handle:
+                self._went_idle(session_id)  # still idle: try again after idle_seconds
             return
         if self.driving.get(session_id) is handle:
             del self.driving[session_id]

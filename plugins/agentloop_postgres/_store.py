@@ -686,7 +686,12 @@ class PostgresSessionStore:
 
     async def mark_delivered(self, session_id: str) -> int:
         """Mark the session's routed input that its stored log holds as delivered, so that no
-        serving runtime picks the session for it again; returns how many were marked."""
+        serving runtime picks the session for it again.
+
+        Returns how many messages still wait for this store's claim: sent, neither delivered
+        nor discarded, and not claimed under the lease this store holds. Their driver is
+        about to get them; letting the session go now would only hand them to the next one.
+        """
         self._check_writable("mark routed input delivered")
         return await self._call(
             functools.partial(self._do_mark_delivered, session_id), shield=True
@@ -1326,7 +1331,8 @@ class PostgresSessionStore:
         return [sid for sid, _ in rows]
 
     def _do_mark_delivered(self, session_id: str) -> int:
-        cur = self._db.execute(
+        conn = self._db
+        conn.execute(
             "UPDATE agentloop_inbox i SET delivered_at = clock_timestamp()"
             " WHERE i.session_id = %s AND i.discarded_at IS NULL AND i.delivered_at IS NULL"
             " AND EXISTS (SELECT 1 FROM agentloop_events e WHERE e.session_id = i.session_id"
@@ -1334,7 +1340,14 @@ class PostgresSessionStore:
             " AND e.data -> 'source' ->> 'inbox' = i.id)",
             (session_id,),
         )
-        return cur.rowcount
+        mine = self._held.get(session_id)
+        row = conn.execute(
+            "SELECT count(*) FROM agentloop_inbox WHERE session_id = %s"
+            " AND discarded_at IS NULL AND delivered_at IS NULL"
+            " AND (claimed_epoch IS NULL OR claimed_epoch < %s)",
+            (session_id, mine[1] if mine is not None else _INT64 - 1),
+        ).fetchone()
+        return int(row[0]) if row is not None else 0
 
     # -- routing -------------------------------------------------------------------------------
 
@@ -1370,7 +1383,8 @@ class PostgresSessionStore:
             " UPDATE agentloop_inbox SET claimed_by = %s, claimed_epoch = %s,"
             " claimed_at = clock_timestamp()"
             " WHERE id IN (SELECT id FROM agentloop_inbox WHERE session_id = %s"
-            " AND discarded_at IS NULL"
+            # Delivered rows are in the stored log, which every new driver loads.
+            " AND discarded_at IS NULL AND delivered_at IS NULL"
             " AND (claimed_epoch IS NULL OR claimed_epoch < %s) FOR UPDATE SKIP LOCKED)"
             " AND EXISTS (SELECT 1 FROM lease)"
             " RETURNING n, id, content::text, source::text, target, wakeup",
