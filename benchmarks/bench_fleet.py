@@ -366,4 +366,4 @@ if __name__ == "__main__":
     if args.quick:
         trio.run(main, 60, 60, 30.0)
     else:
-        trio.run(main, args.sessions, 600, 40.0)
+        trio.run(main, args.sessions, 300, 10.0)

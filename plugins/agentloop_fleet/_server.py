@@ -188,9 +188,8 @@ class FleetServer:
                 nursery.start_soon(self._close_lost, handle)
 
     async def _close_lost(self, handle: AgentHandle) -> None:
+        # Its lease release on the way out finds nothing held, and the store forgets it.
         await handle.aclose()
-        # Forgets the lost lease, so it is not reported again.
-        await self.store.release(handle.agent.id, self.store.reserver)
 
     # -- idle sessions ---------------------------------------------------------------------------
 
