@@ -45,6 +45,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import trio
 from agentloop_postgres import PostgresSessionStore
 
@@ -200,6 +201,16 @@ class Server:
         return code
 
 
+def held_by(dsn: str, pid: int | None) -> list[str]:
+    """The sessions whose lease the process ``pid`` holds now."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT session_id FROM agentloop_leases WHERE pid = %s AND owner IS NOT NULL"
+            " AND expires_at > clock_timestamp()", (pid,),
+        ).fetchall()
+    return [sid for (sid,) in rows]
+
+
 def pct(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(p * len(ordered)))] * 1000
@@ -259,11 +270,14 @@ class Run:
         return [self.model.first_seen[t] - self.sent_at[t] for t in texts]
 
 
-def report(name: str, run: Run, texts: list[str], wall: float) -> None:
+def report(name: str, run: Run, texts: list[str], wall: float | None) -> None:
+    if not texts:
+        print(f"{name}: none")
+        return
     lat = run.latencies(texts)
-    print(f"{name}: {len(texts)} wakes in {wall:.1f} s ({len(texts) / wall:.0f}/s);"
-          f" wake latency p50 {pct(lat, 0.5):.0f} ms, p99 {pct(lat, 0.99):.0f} ms,"
-          f" max {max(lat) * 1000:.0f} ms")
+    rate = f" in {wall:.1f} s ({len(texts) / wall:.0f}/s)" if wall is not None else ""
+    print(f"{name}: {len(texts)} wakes{rate}; wake latency p50 {pct(lat, 0.5):.0f} ms,"
+          f" p99 {pct(lat, 0.99):.0f} ms, max {max(lat) * 1000:.0f} ms")
 
 
 async def check(dsn: str, run: Run) -> None:
@@ -306,7 +320,7 @@ async def main(sessions: int, paced: int, rate: float) -> None:
                 for i in range(3):
                     log = Path(tmp) / f"server{i}.log"
                     servers.append(await trio.to_thread.run_sync(Server, config, log))
-                run = await phases(front, model, ids, servers, paced, rate, rng)
+                run = await phases(dsn, front, model, ids, servers, paced, rate, rng)
             finally:
                 for server in servers:
                     server.kill()  # only those a failed run left behind
@@ -315,7 +329,7 @@ async def main(sessions: int, paced: int, rate: float) -> None:
 
 
 async def phases(
-    front: agentloop.Context, model: Model, ids: list[str], servers: list[Server],
+    dsn: str, front: agentloop.Context, model: Model, ids: list[str], servers: list[Server],
     paced: int, rate: float, rng: random.Random,
 ) -> Run:
     print(f"3 serving processes, {len(ids)} stored sessions, lease {LEASE:.0f} s,"
@@ -336,17 +350,26 @@ async def phases(
     report("burst (every session at once)", run, texts, time.monotonic() - start)
 
     killed, stopped = servers[0], servers[1]
-    third = paced // 3
-    events = {
-        third: lambda: killed.signal(signal.SIGKILL),
-        third + third // 2: lambda: stopped.signal(signal.SIGSTOP),
-        2 * third + third // 2: lambda: stopped.signal(signal.SIGCONT),
-    }
     start = time.monotonic()
-    texts = await run.paced(paced, rate, rng, at=events)
-    await run.arrive(texts, 300)
-    report("chaos (one server SIGKILLed, one SIGSTOPped then continued)", run, texts,
-           time.monotonic() - start)
+    texts: list[str] = []
+    takeover: list[str] = []
+    for victim, sig in ((killed, signal.SIGKILL), (stopped, signal.SIGSTOP)):
+        texts += await run.paced(paced // 4, rate, rng)
+        # A few sessions just woken, so that every server drives some when the blow falls.
+        woken = await run.burst(rng.sample(ids, 30))
+        await run.arrive(woken, 300)
+        texts += woken
+        held = await trio.to_thread.run_sync(held_by, dsn, victim.proc.pid)
+        victim.signal(sig)
+        # Input for the sessions the victim drove: only a takeover can answer it.
+        takeover.extend([await run.send(sid) for sid in held])
+    texts += await run.paced(paced // 4, rate, rng)
+    stopped.signal(signal.SIGCONT)  # it comes back fenced, and serves again
+    texts += await run.paced(paced // 4, rate, rng)
+    await run.arrive(texts + takeover, 300)
+    report("chaos (one server SIGKILLed, one SIGSTOPped then continued)", run,
+           texts + takeover, time.monotonic() - start)
+    report("  of which input to the sessions they drove (taken over)", run, takeover, None)
 
     start = time.monotonic()
     texts = await run.burst(ids)

@@ -469,6 +469,45 @@ async def test_a_killed_serving_process_has_its_sessions_taken_over(
     assert PASSWORD not in (tmp_path / "b.log").read_text()
 
 
+async def test_a_paused_serving_process_is_fenced_and_its_session_served_elsewhere(
+    fake: Any, tmp_path: Path, cluster: Cluster, schema: str, dsn: str
+) -> None:
+    fake.requests = arrivals = Arrivals()
+    config = _serve_toml(tmp_path, fake.url, dsn)
+    acked: list[str] = []
+    async with agentloop.open_runtime(_front_config(fake.url, dsn)) as front:
+        await _undriven(front, "p1")
+        async with ready_child(_serve_argv(config), tmp_path / "a.log",
+                               ready=b"serving") as paused:
+            acked.append(await front.sessions.send("p1", "before the pause"))
+            with trio.fail_after(60):
+                await arrivals.until("before the pause")
+            [(holder,)] = sql(cluster, schema,
+                              "SELECT pid FROM agentloop_leases WHERE session_id = 'p1'")
+            assert holder == paused.pid
+            paused.send_signal(signal.SIGSTOP)
+            try:
+                async with ready_child(_serve_argv(config), tmp_path / "b.log",
+                                       ready=b"serving") as other:
+                    # Served by the other once the paused one's lease ran out.
+                    acked.append(await front.sessions.send("p1", "during the pause"))
+                    with trio.fail_after(60):
+                        await arrivals.until("during the pause")
+                    paused.send_signal(signal.SIGCONT)
+                    acked.append(await front.sessions.send("p1", "after the pause"))
+                    with trio.fail_after(60):
+                        await arrivals.until("after the pause")
+                    assert await _stop(other) == 0
+            finally:
+                paused.send_signal(signal.SIGCONT)
+            assert await _stop(paused) == 0
+    _check_exactly_once(await _logs(dsn, ["p1"]), {"p1": acked})
+    # Every model call was for one message once: the paused process asked nothing again.
+    assert sorted(arrivals.prompts()) == sorted(
+        ["before the pause", "during the pause", "after the pause"]
+    )
+
+
 def test_serve_is_in_the_help() -> None:
     done = subprocess.run([sys.executable, "-m", "agentloop", "--help"], capture_output=True,
                           text=True, timeout=60, env={**os.environ}, check=False)
