@@ -75,12 +75,13 @@ async def plugin(
     ctx: Context, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
 ) -> None:
     """The configured form: serves when ``[fleet] serve = true``, on the PostgreSQL store."""
-    from agentloop_postgres import PostgresSessionStore
-
     cfg = ctx.config.section("fleet", FleetConfig)
     if not cfg.serve:
         task_status.started()
         return
+    # Imported only to serve: a runtime that does not serve needs no psycopg.
+    from agentloop_postgres import PostgresSessionStore
+
     store = ctx.session_persistence
     if not isinstance(store, PostgresSessionStore):
         raise ConfigError(

@@ -43,6 +43,11 @@ RetireIdle = Callable[["FleetServer", AgentHandle], Awaitable[bool]]
 """What becomes of a session idle for ``idle_seconds``: returns whether it was let go."""
 
 _SCAN = ""  # a wake-up that asks for a search over every session, not one
+# Sessions being resumed, or let go, at once. The store serves one request at a time on its
+# connection, lease renewals included: a thousand resumes queued at once would delay the
+# renewals past the lease, and the sessions would be taken over while they start. Work
+# beyond this is left to the other runtimes, or picked once a slot frees.
+_IN_FLIGHT = 16
 
 
 async def release_idle(server: FleetServer, handle: AgentHandle) -> bool:
@@ -79,6 +84,7 @@ class FleetServer:
         self._idle_since: dict[str, float] = {}
         self._idle_changed = trio.Event()
         self._starved = False  # a wake-up found no room: scan once room is made
+        self._letting_go = trio.CapacityLimiter(_IN_FLIGHT)
         send, receive = trio.open_memory_channel[str](math.inf)
         self._wake_tx, self._wake_rx = send, receive
         self._options = (
@@ -133,7 +139,10 @@ class FleetServer:
                 wanted -= self.driving.keys()
                 if not wanted:
                     continue
-            room = self.config.max_sessions - len(self.driving) - self._starting
+            room = min(
+                self.config.max_sessions - len(self.driving) - self._starting,
+                _IN_FLIGHT - self._starting,
+            )
             if room <= 0:
                 self._starved = True
                 continue
@@ -145,14 +154,15 @@ class FleetServer:
             self._starting += len(picked)
             for session_id in picked:
                 nursery.start_soon(self._drive, session_id)
-            if wanted is None and len(picked) == room:
-                self.wake()  # there may be more than one batch of work
+            if len(picked) == room:
+                self._starved = True  # there may be more: look again when a slot frees
 
     async def _drive(self, session_id: str) -> None:
         try:
             handle = await self._resume(session_id)
         finally:
             self._starting -= 1
+            self._made_room()
         if handle is None:
             return
         self.driving[session_id] = handle
@@ -223,7 +233,8 @@ class FleetServer:
         if handle is None:
             return
         try:
-            gone = await self.retire(self, handle)
+            async with self._letting_go:
+                gone = await self.retire(self, handle)
         except Exception as exc:  # noqa: BLE001 - serving outlives one failure
             log.warning("session %s: letting it go failed: %r", session_id, exc)
             gone = handle.agent.status == "disposed"
@@ -235,6 +246,9 @@ class FleetServer:
             del self.driving[session_id]
         # Input that arrived while it was let go waits in the store: look again.
         self.wake(session_id)
+        self._made_room()
+
+    def _made_room(self) -> None:
         if self._starved:
             self._starved = False
             self.wake()

@@ -1341,11 +1341,13 @@ class PostgresSessionStore:
             (session_id,),
         )
         mine = self._held.get(session_id)
+        if mine is None:
+            return 0  # not this store's to claim any more
         row = conn.execute(
             "SELECT count(*) FROM agentloop_inbox WHERE session_id = %s"
             " AND discarded_at IS NULL AND delivered_at IS NULL"
             " AND (claimed_epoch IS NULL OR claimed_epoch < %s)",
-            (session_id, mine[1] if mine is not None else _INT64 - 1),
+            (session_id, mine[1]),
         ).fetchone()
         return int(row[0]) if row is not None else 0
 
