@@ -206,6 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_agent_options(acp)
     acp.add_argument("--agent", metavar="ID", help="the configured agent to serve")
+    commands.add_parser(
+        "serve", parents=[common],
+        help="serve the sessions of a PostgreSQL store as one runtime of a fleet, until "
+        "SIGTERM or Ctrl-C (the config's [persistence] and [fleet])",
+    )
     ui = commands.add_parser("ui", parents=[common],
                              help="a web inspector of the sessions (the 'ui' extra)")
     ui.add_argument("--provider", metavar="P", help="provider route for new sessions")
@@ -322,6 +327,10 @@ async def _ui(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.command == "ui":
         return trio.run(_ui, args, out, err)
+    if args.command == "serve":
+        from ._cli_serve import serve
+
+        return trio.run(serve, args, out, err)
     if args.command == "sessions":
         if args.sessions_command == "list":
             return trio.run(_sessions_list, args, out, err)

@@ -138,6 +138,11 @@ async def open_runtime(
         backend = cfg.persistence.backend
         if not any(s in (backend, f"agentloop_{backend}") for s in specs if isinstance(s, str)):
             specs.insert(0, backend)
+    if "fleet" in cfg.sections and not any(
+        s in ("fleet", "agentloop_fleet") for s in specs if isinstance(s, str)
+    ):
+        # The [fleet] table is the fleet plugin's: it checks the table and serves if asked.
+        specs.append("fleet")
     resolved = [_resolve_plugin(s) for s in specs]
     services = Services(cfg)
     try:

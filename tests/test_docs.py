@@ -249,6 +249,7 @@ def test_the_config_reference_has_every_key_with_its_default() -> None:
     import agentloop_budget
     import agentloop_compact
     import agentloop_fallback
+    import agentloop_fleet
     import agentloop_mcp
     import agentloop_retry
     import agentloop_subagent
@@ -269,6 +270,7 @@ def test_the_config_reference_has_every_key_with_its_default() -> None:
         "`[local]`": local._Options,
         "`[mcp]`": agentloop_mcp.Section,
         "`[[mcp.servers]]`": agentloop_mcp.ServerConfig,
+        "`[fleet]`": agentloop_fleet.FleetConfig,
         "`[subagent]`": agentloop_subagent.SubagentConfig,
         "`[[subagent.profiles]]`": agentloop_subagent.Profile,
     }

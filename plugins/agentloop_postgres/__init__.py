@@ -15,7 +15,7 @@ import trio
 
 from agentloop import ConfigError, Context
 
-from ._router import delivered_ids, route_inbox
+from ._router import delivered_ids, listen, route_inbox
 from ._store import (
     DEFAULT_LEASE_SECONDS,
     INBOX_CHANNEL,
@@ -33,6 +33,7 @@ __all__ = [
     "INBOX_CHANNEL",
     "route_inbox",
     "delivered_ids",
+    "listen",
     "SCHEMA_VERSION",
     "DEFAULT_LEASE_SECONDS",
     "masked_dsn",

@@ -25,7 +25,7 @@ from agentloop.events import AgentSessionStart, InboxDiscarded
 
 from ._store import INBOX_CHANNEL, PostgresSessionStore
 
-__all__ = ["route_inbox", "delivered_ids"]
+__all__ = ["route_inbox", "delivered_ids", "listen"]
 
 log = logging.getLogger("agentloop.postgres")
 
@@ -43,10 +43,12 @@ def delivered_ids(events: Any) -> set[str]:
     return found
 
 
-def _listen(
+def listen(
     store: PostgresSessionStore, token: trio.lowlevel.TrioToken,
     push: Any, stop: threading.Event,
 ) -> None:
+    """On a thread: hand each session id notified on the inbox channel to ``push`` on the
+    trio thread, reconnecting after a failure, until ``stop`` is set."""
     while not stop.is_set():
         try:
             with psycopg.connect(store.dsn, autocommit=True, connect_timeout=10) as conn:
@@ -143,7 +145,7 @@ async def route_inbox(
     undo_discarded = ctx.events.on(InboxDiscarded, discarded)
     stop = threading.Event()
     listener = threading.Thread(
-        target=_listen, args=(store, trio.lowlevel.current_trio_token(), push, stop),
+        target=listen, args=(store, trio.lowlevel.current_trio_token(), push, stop),
         name="agentloop-postgres-listen", daemon=True,
     )
     listener.start()

@@ -65,7 +65,7 @@ __all__ = [
 
 log = logging.getLogger("agentloop.postgres")
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 """The schema version this module writes and the newest one it reads."""
 
 DEFAULT_LEASE_SECONDS: Final = 30.0
@@ -85,7 +85,7 @@ _TABLES: Final = frozenset({
     "agentloop_inbox",
 })
 # The tables each version has: an older schema lacks those added after it.
-_TABLES_OF: Final = {1: _TABLES - {"agentloop_inbox"}, 2: _TABLES, 3: _TABLES}
+_TABLES_OF: Final = {1: _TABLES - {"agentloop_inbox"}, 2: _TABLES, 3: _TABLES, 4: _TABLES}
 
 # Each entry upgrades the schema from the version before it; the index is the version reached.
 _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
@@ -185,6 +185,15 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         # A message its driver discarded (cancel, remove) or could never deliver is done:
         # no later driver claims it again.
         "ALTER TABLE agentloop_inbox ADD COLUMN discarded_at timestamptz",
+    ),
+    (
+        # A message found in its session's stored log is delivered: a serving runtime looks
+        # for work among the rows neither delivered nor discarded, through this small index.
+        "ALTER TABLE agentloop_inbox ADD COLUMN delivered_at timestamptz",
+        (
+            "CREATE INDEX agentloop_inbox_pending ON agentloop_inbox (session_id)"
+            " WHERE discarded_at IS NULL AND delivered_at IS NULL"
+        ),
     ),
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION + 1
@@ -388,6 +397,8 @@ class PostgresSessionStore:
         self._pid = os.getpid()
         self._host = socket.gethostname()
         self._started: str | None = None
+        # The lease owner of sessions picked for a serving runtime, until it resumes them.
+        self._reserver = f"fleet:{self._host}:{self._pid}:{uuid.uuid4().hex[:8]}"
 
     @classmethod
     def open_read_only(cls, dsn: str) -> PostgresSessionStore:
@@ -570,7 +581,8 @@ class PostgresSessionStore:
         released = await self._call(
             functools.partial(self._do_release, session_id, owner), shield=True
         )
-        if released:
+        if released or session_id not in self._held:
+            # Released, or lost to a takeover: either way nothing is written under it again.
             self._epochs.pop(session_id, None)
 
     async def renew(self) -> builtins.list[str]:
@@ -651,6 +663,51 @@ class PostgresSessionStore:
         Only messages this store claimed, at the epoch it claimed them, are marked."""
         call = functools.partial(self._do_discard, session_id, builtins.list(message_ids))
         await self._call(call, shield=True)
+
+    async def pick(self, limit: int, only: Collection[str] | None = None) -> builtins.list[str]:
+        """Reserve up to ``limit`` sessions that have routed input nobody is driving.
+
+        A session qualifies when it has input neither delivered nor discarded and its lease
+        is free or expired (a killed driver's). Several runtimes pick at once without waiting
+        on each other: ``FOR UPDATE SKIP LOCKED`` passes over the lease rows another one is
+        taking, and the lease is taken (a new epoch, owned by :attr:`reserver`) in the same
+        statement, so each session goes to one of them. ``acquire`` by any owner of this
+        store then takes the reserved lease over; ``release(id, store.reserver)`` gives back
+        one that will not be driven. ``only`` restricts the search to those sessions.
+        """
+        self._check_writable("pick sessions")
+        if limit <= 0:
+            await trio.lowlevel.checkpoint()
+            return []
+        call = functools.partial(
+            self._do_pick, limit, None if only is None else sorted(only)
+        )
+        return await self._call(call, shield=True)
+
+    async def mark_delivered(self, session_id: str) -> int:
+        """Mark the session's routed input that its stored log holds as delivered, so that no
+        serving runtime picks the session for it again.
+
+        Returns how many messages still wait for this store's claim: sent, neither delivered
+        nor discarded, and not claimed under the lease this store holds. Their driver is
+        about to get them; letting the session go now would only hand them to the next one.
+        """
+        self._check_writable("mark routed input delivered")
+        return await self._call(
+            functools.partial(self._do_mark_delivered, session_id), shield=True
+        )
+
+    @property
+    def reserver(self) -> str:
+        """The lease owner under which :meth:`pick` reserves sessions for this store."""
+        return self._reserver
+
+    def lost(self) -> builtins.list[str]:
+        """The sessions this store wrote under a lease another runtime has since taken."""
+        return [
+            sid for sid, epoch in self._epochs.items()
+            if (self._held.get(sid) or ("", None))[1] != epoch
+        ]
 
     def epoch(self, session_id: str) -> int | None:
         """The lease epoch this store holds for the session, or None."""
@@ -1169,6 +1226,8 @@ class PostgresSessionStore:
             else:
                 epoch, holder, host, pid, started, live, left = row
                 mine = self._held.get(session_id)
+                # A session this store reserved for a serving runtime (pick) is handed over.
+                reserved = mine == (holder, epoch) and holder == self._reserver
                 if holder is not None and mine == (holder, epoch) and holder == owner:
                     conn.execute(
                         "UPDATE agentloop_leases"
@@ -1177,7 +1236,8 @@ class PostgresSessionStore:
                         (ttl, session_id),
                     )
                     return int(epoch)
-                if holder is not None and live and self._holder_alive(pid, host, started):
+                if (holder is not None and live and not reserved
+                        and self._holder_alive(pid, host, started)):
                     raise SessionLeased(
                         f"session {session_id!r} is already driven by {holder!r}"
                         f" (pid {pid} on {host}); its lease expires in"
@@ -1234,6 +1294,63 @@ class PostgresSessionStore:
         self._failed.pop(session_id, None)
         return True
 
+    # -- serving -------------------------------------------------------------------------------
+
+    def _do_pick(self, limit: int, only: builtins.list[str] | None) -> builtins.list[str]:
+        ttl = self._lease_seconds
+        conn = self._db
+        # A session created without a lease (epoch 0, never driven) gets its free lease row,
+        # which is what the database locks to hand it to one runtime.
+        conn.execute(
+            "INSERT INTO agentloop_leases (session_id, epoch)"
+            " SELECT DISTINCT i.session_id, 0 FROM agentloop_inbox i"
+            " WHERE i.discarded_at IS NULL AND i.delivered_at IS NULL"
+            " AND (%s::text[] IS NULL OR i.session_id = ANY(%s::text[]))"
+            " AND NOT EXISTS (SELECT 1 FROM agentloop_leases l WHERE l.session_id = i.session_id)"
+            " ON CONFLICT (session_id) DO NOTHING",
+            (only, only),
+        )
+        rows = conn.execute(
+            "UPDATE agentloop_leases l SET epoch = l.epoch + 1, owner = %s, host = %s,"
+            " pid = %s, started = %s, acquired_at = clock_timestamp(),"
+            " expires_at = clock_timestamp() + make_interval(secs => %s)"
+            " WHERE l.session_id IN (SELECT c.session_id FROM agentloop_leases c"
+            " WHERE (c.owner IS NULL OR c.expires_at <= clock_timestamp())"
+            " AND c.session_id IN (SELECT i.session_id FROM agentloop_inbox i"
+            " WHERE i.discarded_at IS NULL AND i.delivered_at IS NULL"
+            " AND (%s::text[] IS NULL OR i.session_id = ANY(%s::text[])))"
+            " LIMIT %s FOR UPDATE SKIP LOCKED)"
+            " RETURNING l.session_id, l.epoch",
+            (self._reserver, self._host, self._pid, self._started, ttl, only, only, limit),
+        ).fetchall()
+        if rows and not self._held:
+            self._next_renewal = time.monotonic() + self._renew_every
+        for sid, epoch in rows:
+            # Renewed with the others until the runtime takes it over or gives it back.
+            self._held[sid] = (self._reserver, int(epoch))
+        return [sid for sid, _ in rows]
+
+    def _do_mark_delivered(self, session_id: str) -> int:
+        conn = self._db
+        conn.execute(
+            "UPDATE agentloop_inbox i SET delivered_at = clock_timestamp()"
+            " WHERE i.session_id = %s AND i.discarded_at IS NULL AND i.delivered_at IS NULL"
+            " AND EXISTS (SELECT 1 FROM agentloop_events e WHERE e.session_id = i.session_id"
+            " AND e.type IN ('user/message', 'steering/message')"
+            " AND e.data -> 'source' ->> 'inbox' = i.id)",
+            (session_id,),
+        )
+        mine = self._held.get(session_id)
+        if mine is None:
+            return 0  # not this store's to claim any more
+        row = conn.execute(
+            "SELECT count(*) FROM agentloop_inbox WHERE session_id = %s"
+            " AND discarded_at IS NULL AND delivered_at IS NULL"
+            " AND (claimed_epoch IS NULL OR claimed_epoch < %s)",
+            (session_id, mine[1]),
+        ).fetchone()
+        return int(row[0]) if row is not None else 0
+
     # -- routing -------------------------------------------------------------------------------
 
     def _do_send(
@@ -1268,7 +1385,8 @@ class PostgresSessionStore:
             " UPDATE agentloop_inbox SET claimed_by = %s, claimed_epoch = %s,"
             " claimed_at = clock_timestamp()"
             " WHERE id IN (SELECT id FROM agentloop_inbox WHERE session_id = %s"
-            " AND discarded_at IS NULL"
+            # Delivered rows are in the stored log, which every new driver loads.
+            " AND discarded_at IS NULL AND delivered_at IS NULL"
             " AND (claimed_epoch IS NULL OR claimed_epoch < %s) FOR UPDATE SKIP LOCKED)"
             " AND EXISTS (SELECT 1 FROM lease)"
             " RETURNING n, id, content::text, source::text, target, wakeup",
