@@ -283,6 +283,16 @@ class Supervisor:
             if child.status == "running":
                 child.cancel("parent")
 
+    def rested(self, agent: Agent) -> None:
+        """``agent`` hibernated: its in-memory session is released (it reloads on a wake)."""
+        if self.agents.get(agent.id) is agent:
+            self.sessions.pop(agent.id, None)
+
+    def woken(self, agent: Agent, session: Session) -> None:
+        """``agent`` was reloaded from the store: its session is live again."""
+        if self.agents.get(agent.id) is agent:
+            self.sessions[agent.id] = session
+
     def agent_of(self, scope: Scope) -> Agent | None:
         """The agent (live or being prepared) whose own scope ``scope`` is."""
         found = self._preparing.get(scope)
@@ -311,7 +321,8 @@ class Supervisor:
     async def start_early(self, agent: Agent, parent: Agent | None) -> None:
         """Start ``agent``'s actor before publication (its setup spawns children under it)."""
         life = self._lives[agent]
-        await self.nursery_for(parent).start(life.actor, name=f"agentloop.agent:{agent.id}")
+        life.home = self.nursery_for(parent)
+        await life.home.start(life.actor, name=f"agentloop.agent:{agent.id}")
 
     async def dispose(self, agent: Agent) -> None:
         life = self._lives.get(agent)
@@ -400,6 +411,7 @@ class Supervisor:
             finally:
                 life.announced()
                 if life.nursery is None:  # not started early, for a setup
+                    life.home = nursery
                     nursery.start_soon(life.actor, name=f"agentloop.agent:{agent.id}")
         except Exception as exc:  # noqa: BLE001 - handed to the creator, who re-raises
             request.reply.error = exc
@@ -416,11 +428,13 @@ class Supervisor:
                 del siblings[agent.id]
                 if not siblings:
                     del self.children[parent.id]
-            if self.agents.get(agent.id) is agent:
+            entered = self.agents.get(agent.id) is agent
+            if entered:
                 del self.agents[agent.id]
                 services.emit(AgentDisposed(agent.id))
-            if self.sessions.get(agent.id) is agent.session:
-                del self.sessions[agent.id]
+            if entered:
+                # Entered with its agent; a hibernated agent's session is no longer held.
+                self.sessions.pop(agent.id, None)
                 services.emit(SessionDisposed(agent.id))
         finally:
             life = self._lives.pop(agent, None)

@@ -51,7 +51,7 @@ EXPECTED = {
         "Event", "ALL_EVENTS", "Lagged", "SessionEventAppended", "SessionFlush",
         "SessionCreated", "SessionDisposed", "SessionPersistenceFailed", "AgentCreated",
         "AgentSessionStart",
-        "AgentDisposed", "AgentStatus", "InboxSpliced", "InboxInserted", "InboxDiscarded",
+        "AgentDisposed", "AgentStatus", "AgentHibernated", "AgentWoken", "InboxSpliced", "InboxInserted", "InboxDiscarded",
         "InboxClaimed", "LlmRetry", "PluginFailed", "SettingChanged", "InvariantViolated",
         "McpServerFailed", "AgentPreStep",
         "AgentRequest", "AgentRequestError", "AgentStepResult", "AgentTurnContinuation",

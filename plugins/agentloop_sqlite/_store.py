@@ -287,6 +287,26 @@ class SqliteSessionStore:
         """
         return await self._call(functools.partial(self._do_load, session_id))
 
+    def load_now(self, session_id: str) -> StoredSession:
+        """The stored session, read without awaiting (a hibernated agent wakes synchronously):
+        one read transaction on a connection of its own, which sees every committed write.
+        Also works once the store is closed, while its file exists (the log of a hibernated
+        agent disposed at shutdown).
+
+        Raises:
+            SessionNotFound: no session has this id.
+            PersistenceError: the file cannot be read or a stored row does not decode.
+        """
+        if self._state == "new" or not os.path.exists(self._path):
+            raise PersistenceError(f"session store {self._path} is not open ({self._state})")
+        uri = pathlib.Path(os.path.abspath(self._path)).as_uri() + "?mode=ro"
+        try:
+            conn = sqlite3.connect(uri, uri=True, timeout=5, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise PersistenceError(f"cannot read session {session_id!r}: {exc}") from exc
+        with contextlib.closing(conn):
+            return self._guarded(functools.partial(self._read_session, conn, session_id))
+
     async def create(self, session_id: str, meta: FrozenDict) -> None:
         """Record a new session; ``meta["cwd"]``, when a string, is listed as its directory.
 
@@ -458,6 +478,19 @@ class SqliteSessionStore:
             return fn()
         except sqlite3.Error as exc:
             raise PersistenceError(f"session store {self._path}: {exc}") from exc
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _read(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+        conn.execute("BEGIN")
+        try:
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            raise
 
     @contextlib.contextmanager
     def _transaction(self, begin: str = "BEGIN IMMEDIATE") -> Iterator[sqlite3.Connection]:
@@ -750,9 +783,12 @@ class SqliteSessionStore:
             ) from exc
 
     def _do_load(self, session_id: str) -> StoredSession:
+        return self._read_session(self._db, session_id)
+
+    def _read_session(self, db: sqlite3.Connection, session_id: str) -> StoredSession:
         # One read transaction: the metadata and the log come from the same snapshot even
         # while another process appends.
-        with self._transaction("BEGIN") as conn:
+        with self._read(db) as conn:
             (version,) = conn.execute("PRAGMA user_version").fetchone()
             if version != SCHEMA_VERSION:
                 # Another process changed the file since it was opened.
