@@ -214,7 +214,10 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         life = self._life
         if life.dormant is not None:
             if life.stopping:
-                self._session = self._load()
+                # Rebuilt for reading: no actor starts, and input is refused as disposed.
+                proposal = life.dormant
+                assert isinstance(proposal, CallConfig)
+                self._build(self._load(), proposal)
                 life.dormant = None
             else:
                 self._wake("session")
@@ -651,10 +654,12 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
     def _restable(self, *, started: bool = True) -> bool:
         """Idle, nothing pending, nothing running under it, and reloadable from its store
         (``started=False``: the actor may still be about to start, it checks again)."""
-        life, inbox = self._life, self._inbox
-        nursery = life.nursery
+        life = self._life
+        if self._status != "idle" or life.stopping or life.dormant is not None:
+            return False
+        inbox, nursery = self._inbox, life.nursery
         return (
-            self._status == "idle" and not life.stopping and life.attached
+            life.attached
             and (not started or nursery is None or not nursery.child_tasks)
             and (not started or nursery is not None)
             and not (inbox.next_turn or inbox.next_step or self._wake_flag)

@@ -41,6 +41,8 @@ EXPECTED = {
         "seeds", "DEFAULT_KINDS", "WEIGHTS", "POINTS", "HOOK_POINTS", "DEFAULT_TOOLS",
         "DEFAULT_SCRIPT", "Instant", "Approve", "Deny", "Together", "When", "Resume",
         "Subscribe", "Crash", "Hold",
+        # Hibernation (issue 26).
+        "Hibernate", "Wake",
     },
     agentloop.llm: {
         "OpenAIChatAdapter", "OpenAIResponsesAdapter", "AnthropicAdapter", "ModelAdapter",
