@@ -47,6 +47,7 @@ from ._model import AgentOptions, CallConfig, SessionEvent
 from ._services import LeaseClaim, Services
 from ._session import Session, recover_crashed_turn, validate_session_id
 from ._settings import CRASHED_TURN
+from ._tail import SessionTail
 from ._util import NoPublicConstructor, construct
 
 __all__ = [
@@ -454,6 +455,25 @@ class SessionsService:
 
     def list(self) -> list[Session]:
         return list(self._supervisor.sessions.values())
+
+    def tail(self, session_id: str, *, from_seq: int = 0) -> SessionTail:
+        """Async-iterate the session's events with ``seq >= from_seq``, then live.
+
+        Read from memory while this runtime drives the session, else from the store (a
+        hibernated agent is not woken); new events are announced by this runtime's bus and by
+        the store's own notifications (SQLite: any store of this process on the same file).
+        A slow reader never holds up the driver: it reads again from where it stopped.
+
+        Raises:
+            InvalidContent: the id or ``from_seq`` is invalid.
+            SessionNotFound: (when iterated) nobody here drives it and the store lacks it.
+        """
+        _check_id(session_id)
+        services = self._services
+        return SessionTail(
+            services.bus, self._supervisor.sessions.get, lambda: services.persistence,
+            session_id, from_seq,
+        )
 
     async def send(
         self,
