@@ -25,6 +25,10 @@ import agentloop
 from agentloop import events as ev
 from agentloop.testing import ScriptedModel, reply
 
+with contextlib.suppress(pytest.skip.Exception):
+    # The throwaway PostgreSQL cluster of the PostgreSQL tests (they skip without one).
+    from test_postgres import cluster, dsn, schema  # noqa: F401
+
 
 def config(db: Path, after: float | None = None) -> dict[str, Any]:
     cfg: dict[str, Any] = {"persistence": {"backend": "sqlite", "path": str(db)}}
@@ -253,3 +257,29 @@ async def test_the_command_follows_until_interrupted(tmp_path: Path) -> None:
             proc.kill()
             with trio.CancelScope(shield=True):
                 await proc.wait()
+
+
+# --- PostgreSQL: a tail in one runtime of a session another runtime drives --------------------
+
+
+async def test_postgres_a_tail_follows_a_session_driven_by_another_runtime(
+    request: pytest.FixtureRequest,
+) -> None:
+    pytest.importorskip("psycopg", reason="the postgres extra (psycopg) is not installed")
+    dsn = request.getfixturevalue("dsn")  # the throwaway cluster of test_postgres.py
+    cfg = {"persistence": {"backend": "postgres", "dsn": dsn}}
+    async with agentloop.open_runtime(cfg) as writer, agentloop.open_runtime(cfg) as reader:
+        model = ScriptedModel([reply("one"), reply("two")])
+        writer.llm.register("scripted", model)
+        handle = await writer.agents.create(session_id="far", agent_options=OPTIONS)
+        await turn(handle.agent, "first")
+        tail = Reader(reader.sessions.tail("far", from_seq=2))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(tail.run)
+            await tail.until(6)
+            # Told by NOTIFY when the writer's batch commits (its turn's flush at the latest).
+            await turn(handle.agent, "second")
+            await tail.until(12)
+            nursery.cancel_scope.cancel()
+        assert tail.events == list(handle.agent.session.events[1:])
+        await handle.aclose()
