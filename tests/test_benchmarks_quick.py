@@ -119,6 +119,7 @@ OTHERS = [
     (["bench_sqlite.py", "{tmp}"], "load: one session"),
     (["bench_postgres.py"], "postgres (batched, one thread)"),
     (["bench_otel.py", "--quick"], "otel plugin, no SDK configured"),
+    (["bench_hibernate.py", "memory", "50", "wake", "50"], "wake (followup to model call)"),
 ]
 
 
