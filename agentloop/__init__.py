@@ -24,7 +24,8 @@ Layering (``tests/test_layering.py`` enforces it; a module imports its own layer
                                          input; one reply; run handles; tools; one step's
                                          request; publication to quiescence; approvals
     services    _services _session _llm _tools _settings _persistence _config _output _inputs
-                                         the services record handed down; log, models, tools
+                _tail                    the services record handed down; log, models, tools;
+                                         tails of a session's events
     bus         _bus _schema _pydantic
     values      _log _events _model _json _errors _http _util
     llm/        the adapters, over values only; plugins/ use the public modules only

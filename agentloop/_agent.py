@@ -22,13 +22,21 @@ import trio
 
 from . import _log
 from ._approvals import Answer, Approvals
-from ._errors import AgentDisposed, AgentNotPublished, InvalidContent, ProviderError
+from ._errors import (
+    AgentDisposed,
+    AgentNotPublished,
+    InvalidContent,
+    PersistenceUnavailable,
+    ProviderError,
+)
 from ._events import (
+    AgentHibernated,
     AgentPreStep,
     AgentStatus,
     AgentTurnContinuation,
     AgentTurnEnd,
     AgentTurnStopping,
+    AgentWoken,
     InboxClaimed,
     Reject,
     Replace,
@@ -62,7 +70,7 @@ from ._scheduler import (
     run_tool_calls,
 )
 from ._session import Continuation, Session, continue_crashed_turn, interrupted_by_crash
-from ._settings import APPROVAL_TIMEOUT, MAX_STEPS_PER_TURN
+from ._settings import APPROVAL_TIMEOUT, HIBERNATE_AFTER, MAX_STEPS_PER_TURN
 from ._util import NoPublicConstructor
 
 if TYPE_CHECKING:
@@ -72,7 +80,7 @@ __all__ = ["Agent", "current_agent", "Status"]
 
 log = logging.getLogger("agentloop")
 
-Status = Literal["idle", "running", "disposed"]
+Status = Literal["idle", "running", "hibernated", "disposed"]
 
 # Closing a turn (turn/end + flush) and a disposal flush run shielded, bounded by this.
 CLOSE_GRACE: Final = 30.0
@@ -80,6 +88,8 @@ CLOSE_GRACE: Final = 30.0
 # Wakes an idle actor without input (an answer to a suspended approval); never claimed,
 # since claims take content from the inbox lists, not from the channel.
 _WAKE: Final = InboxMessage(MessageId(""), "")
+# Asks an idle actor to hibernate now (Agent.hibernate); never claimed either.
+_REST: Final = InboxMessage(MessageId(""), "rest")
 
 _current: contextvars.ContextVar[Agent | None] = contextvars.ContextVar(
     "agentloop_current_agent", default=None
@@ -132,8 +142,8 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
 
     __slots__ = (
         "_cancel_cause", "_idle", "_inbox", "_life", "_outputs", "_requests", "_runner",
-        "_services", "_status", "_turn_scope", "_wake_flag", "cwd", "id", "options", "resumed",
-        "session",
+        "_services", "_session", "_status", "_turn_scope", "_wake_flag", "cwd", "id", "options",
+        "resumed",
     )
 
     def __init__(
@@ -152,7 +162,6 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         self._outputs: dict[str, OutputSpec] = {}
         RunControls.__init__(self, services.bus, self._outputs)
         self._services = services
-        self.session: Final = session
         self.id: Final = session.id
         self.options: Final = options
         self.cwd = cwd
@@ -160,20 +169,24 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         self._life = life
         life.bind(self, self._stop, self._actor)
         self._status: Status = "idle"
-        self._inbox = InboxState(session.id, services.bus)
         self._wake_flag = False
         self._turn_scope: trio.CancelScope | None = None
         self._cancel_cause: str | None = None
         self._idle: trio.Event | None = None
+        self._build(session, proposal or CallConfig(
+            provider=options.provider,
+            model=options.model,
+            reasoning_effort=options.reasoning_effort,
+            max_tokens=options.max_tokens,
+        ))
+
+    def _build(self, session: Session, proposal: CallConfig) -> None:
+        """The state an awake agent holds (what hibernation releases and a wake rebuilds)."""
+        services = self._services
+        self._session = session
+        self._inbox = InboxState(session.id, services.bus)
         self._requests = Requests(
-            services, session,
-            proposal or CallConfig(
-                provider=options.provider,
-                model=options.model,
-                reasoning_effort=options.reasoning_effort,
-                max_tokens=options.max_tokens,
-            ),
-            system_prompt=options.system_prompt, cwd=cwd,
+            services, session, proposal, system_prompt=self.options.system_prompt, cwd=self.cwd,
         )
         self._runner = ToolRunner(
             services, session, session.id, Approvals(self._wake_idle_waiters),
@@ -187,12 +200,34 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
 
     @property
     def status(self) -> Status:
-        """``"idle"``, ``"running"`` or ``"disposed"``."""
+        """``"idle"``, ``"running"``, ``"hibernated"`` or ``"disposed"``."""
         return self._status
 
     @property
+    def session(self) -> Session:
+        """The agent's session: its log, history and metadata.
+
+        Reading it wakes a hibernated agent: the session is reloaded from the store at once,
+        synchronously (the store's ``load_now``), and the actor starts again. A hibernated
+        agent that was disposed is not woken: its stored session is loaded for reading only.
+        """
+        life = self._life
+        if life.dormant is not None:
+            if life.stopping:
+                # Rebuilt for reading: no actor starts, and input is refused as disposed.
+                proposal = life.dormant
+                assert isinstance(proposal, CallConfig)
+                self._build(self._load(), proposal)
+                life.dormant = None
+            else:
+                self._wake("session")
+        return self._session
+
+    @property
     def inbox(self) -> Inbox:
-        """The pending messages of both lists."""
+        """The pending messages of both lists (a hibernated agent has none)."""
+        if self._life.dormant is not None:
+            return Inbox((), ())
         return self._inbox.snapshot()
 
     def _set_status(self, status: Status) -> None:
@@ -254,7 +289,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         return self._answer(call_id, Answer(False, repair_text(reason)))
 
     def _answer(self, call_id: str, answer: Answer) -> bool:
-        self._check_open()
+        self._check_open("approval")
         if self._status == "running" and self._turn_scope is not None \
                 and self._turn_scope.cancel_called:
             return False  # the cancelled turn answers its parked calls ABORTED_BEFORE_DISPATCH
@@ -300,13 +335,17 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
 
     # --- input ---------------------------------------------------------------------------
 
-    def _check_open(self) -> None:
+    def _check_open(self, wake: str | None = "send") -> None:
+        """Refuse input to an agent not published or disposed; wake a hibernated one (with
+        ``wake`` as the cause), as any input does."""
         if not self._life.published:
             raise AgentNotPublished(
                 f"agent {self.id!r} is still being set up; it can be driven once create() returns"
             )
         if self._life.stopping:
             raise AgentDisposed(f"agent {self.id!r} is disposed")
+        if wake is not None and self._life.dormant is not None:
+            self._wake(wake)
 
     def send(
         self,
@@ -348,11 +387,16 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
 
     def edit(self, message_id: str, content: object) -> bool:
         """Replace the content of a pending message; False when it is no longer pending."""
-        self._check_open()
-        return self._inbox.edit(message_id, _freeze_content(content))
+        self._check_open(None)
+        content = _freeze_content(content)
+        if self._life.dormant is not None:
+            return False  # nothing is pending in a hibernated agent
+        return self._inbox.edit(message_id, content)
 
     def remove(self, message_id: str) -> bool:
         """Discard a pending message; False when it is no longer pending."""
+        if self._life.dormant is not None:
+            return False
         return self._inbox.remove(message_id)
 
     def _request_wake(self) -> None:
@@ -382,6 +426,9 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         """
         if self._life.stopping:
             return False
+        if self._life.dormant is not None:
+            # Calls a closed turn left awaiting approval are in the stored log only.
+            self._wake("cancel")
         approvals = self._runner.approvals
         if self._suspended():
             # Answer every suspended call ABORTED_BEFORE_DISPATCH, in a turn of their own.
@@ -434,6 +481,9 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         life = self._life
         if life.stopping:
             return
+        if life.dormant is not None:
+            self._stop_dormant()
+            return
         life.stopping = True
         self._set_status("disposed")
         self._inbox.discard_all("disposed")
@@ -465,10 +515,11 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         until it is published, or leaves no trace if the creation rolls back.
         """
         _current.set(self)
-        life, services = self._life, self._services
+        life = self._life
         self._runner.approvals.note_pending(
             (p.call_id for p in self.session.awaiting_approval), trio.current_time()
         )
+        rested = False
         try:
             # The actor's nursery: its cancel scope is the agent's, cancelled when disposal
             # outlasts CLOSE_GRACE; tool tasks (and child actors) run under it.
@@ -477,7 +528,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                 task_status.started()
                 # False when the creation rolled back: nothing was published, nothing to do.
                 if await life.wait_settled():
-                    await self._live(nursery)
+                    rested = await self._live(nursery)
             if nursery.cancel_scope.cancelled_caught:
                 log.warning("agent %s ignored disposal for %ss; its scope was cancelled",
                             self.id, CLOSE_GRACE)
@@ -486,28 +537,39 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             # keep running.
             log.error("agent %s failed and is disposed: %r", self.id, exc, exc_info=exc)
         finally:
-            life.nursery = None
-            if life.published:
+            # A hibernated agent's life goes on without this task (a wake starts another).
+            if not rested:
+                await self._end(life)
+
+    async def _end(self, life: Lifecycle) -> None:
+        life.nursery = None
+        if life.published:
+            try:
                 with trio.move_on_after(2 * CLOSE_GRACE, shield=True):
                     # Memoized: a no-op unless the nursery never opened.
                     await self._close_scope()
-                    await services.release_persistence(self.id, life.lease)
+                    await self._services.release_persistence(self.id, life.lease)
+            finally:
                 life.detach()
 
-    async def _live(self, nursery: trio.Nursery) -> None:
+    async def _live(self, nursery: trio.Nursery) -> bool:
+        """Drive the agent; True when it hibernated (its teardown is then not due)."""
         life = self._life
+        rested = False
         try:
             if life.stopping:
                 self._set_grace(nursery)
             if not life.attached:
                 life.attached = True
                 await self._services.attach_persistence(self.session, acquire=life.needs_lease)
-            await self._drive()
+            rested = await self._drive()
+            return rested
         finally:
-            # Inside the nursery, so what the agent owns (the child actors that run here) is
-            # disposed to quiescence before the nursery waits for them.
-            with trio.move_on_after(2 * CLOSE_GRACE, shield=True):
-                await self._close_scope()
+            if not rested:
+                # Inside the nursery, so what the agent owns (the child actors that run here)
+                # is disposed to quiescence before the nursery waits for them.
+                with trio.move_on_after(2 * CLOSE_GRACE, shield=True):
+                    await self._close_scope()
 
     async def _close_scope(self) -> None:
         self._stop()
@@ -515,20 +577,26 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             await self._flush(self.session.last_seq)
             await self._life.close_scope()
 
-    async def _drive(self) -> None:
+    async def _drive(self) -> bool:
+        """Run turns until disposal (False) or hibernation (True)."""
         inbox = self._inbox
         turns = inbox.turn_rx
         while not self._stopping():
             if self._status != "running":
+                rest_at = self._rest_at()
+                record = None
                 try:
                     # Suspended approvals with an approval_timeout: wake when the first
                     # runs out, to answer it.
-                    with trio.move_on_at(self._approval_deadline()):
-                        await turns.receive()
+                    with trio.move_on_at(min(self._approval_deadline(), rest_at)):
+                        record = await turns.receive()
                 except (trio.EndOfChannel, trio.ClosedResourceError):
-                    return  # disposal closed the inbox
+                    return False  # disposal closed the inbox
                 if not self._running() and self._expire_approvals():
                     self._answered()
+                elif (record is _REST or trio.current_time() >= rest_at) \
+                        and await self._hibernate():
+                    return True
                 # Admission already happened in send(), synchronously; a stale record (its
                 # message removed, or claimed by the turn before) finds the agent idle.
                 continue
@@ -540,7 +608,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             self._wake_flag = False
             await self._turn(scope)
             if self._stopping():
-                return
+                return False
             # A waking steer still pending needs a turn too: a keep-inbox cancel between its
             # admission and this turn's start ended that turn before it began.
             if self._wake_flag or inbox.next_turn or inbox.waking:
@@ -553,6 +621,120 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             # That send admits a new turn synchronously (status back to running), and the
             # loop's next pass runs it instead of waiting on the channel.
             self._set_status("idle")
+        return False
+
+    # --- hibernation ---------------------------------------------------------------------
+
+    def hibernate(self) -> bool:
+        """Ask the idle agent to hibernate now instead of after
+        ``agent-loop.hibernate_after_seconds``.
+
+        Returns True when asked: the actor stores what is not stored yet, then hibernates
+        unless input arrived meanwhile (``agent/hibernated`` says it did). False when it
+        cannot: it is running, has pending input or live sub-agents, is hibernated or
+        disposed already, or its store cannot reload it synchronously (``load_now``).
+        """
+        if self._life.dormant is not None or not self._restable(started=False):
+            return False
+        self._inbox.turn_tx.send_nowait(_REST)
+        return True
+
+    def wake(self) -> bool:
+        """Reload a hibernated agent now (any input does it too); False when it is not
+        hibernated.
+
+        Raises:
+            PersistenceError: the store cannot load the session (it stays hibernated).
+        """
+        if self._life.dormant is None or self._life.stopping:
+            return False
+        self._wake("wake")
+        return True
+
+    def _restable(self, *, started: bool = True) -> bool:
+        """Idle, nothing pending, nothing running under it, and reloadable from its store
+        (``started=False``: the actor may still be about to start, it checks again)."""
+        life = self._life
+        if self._status != "idle" or life.stopping or life.dormant is not None:
+            return False
+        inbox, nursery = self._inbox, life.nursery
+        return (
+            life.attached
+            and (not started or nursery is None or not nursery.child_tasks)
+            and (not started or nursery is not None)
+            and not (inbox.next_turn or inbox.next_step or self._wake_flag)
+            and not self._runner.approvals.has_answers()
+            and self._approval_deadline() == math.inf
+            and callable(getattr(self._services.persistence, "load_now", None))
+        )
+
+    def _rest_at(self) -> float:
+        after: float | None = self._services.settings.get(HIBERNATE_AFTER)
+        if after is None or self._services.persistence is None:
+            return math.inf  # a session without persistence never hibernates
+        return trio.current_time() + after
+
+    async def _hibernate(self) -> bool:
+        if not self._restable():
+            return False
+        # Everything stored first: the wake reloads the log from the store.
+        bus, seq = self._services.bus, self._session.last_seq
+        try:
+            await bus.emit(SessionFlush(self.id, seq))
+        except Exception:
+            log.exception("agent %s: storing up to seq %d failed; it stays awake", self.id, seq)
+            return False
+        if not self._restable() or self._session.last_seq != seq:
+            return False  # input (or a disposal) came while the store caught up
+        life = self._life
+        # The nursery closes with this task; a wake opens another.
+        life.nursery = None
+        life.rest(self._requests.proposal)
+        del self._session, self._inbox, self._requests, self._runner
+        self._set_status("hibernated")
+        self._services.emit(AgentHibernated(self.id, seq))
+        return True
+
+    def _load(self) -> Session:
+        services = self._services
+        load_now = getattr(services.persistence, "load_now", None)
+        if load_now is None:
+            raise PersistenceUnavailable(
+                f"agent {self.id!r} is hibernated and no store that can reload it "
+                "synchronously (load_now) is installed any more"
+            )
+        stored = load_now(self.id)
+        session = Session(self.id, stored.meta, services.bus)
+        session.load(stored.events)
+        return session
+
+    def _wake(self, cause: str) -> None:
+        """Reload the session and start the actor again, synchronously, so the input that
+        woke the agent lands in its live inbox in the order it was sent."""
+        life = self._life
+        proposal = life.dormant
+        assert isinstance(proposal, CallConfig)
+        session = self._load()  # raises before anything changes
+        self._build(session, proposal)
+        life.wake(session)
+        self._set_status("idle")
+        self._services.emit(AgentWoken(self.id, session.last_seq, cause))
+
+    def _stop_dormant(self) -> None:
+        # Disposal needs no wake: nothing is pending and the log is stored.
+        life = self._life
+        life.stopping = True
+        self._set_status("disposed")
+        life.retire(self._retire)
+
+    async def _retire(self) -> None:
+        life = self._life
+        try:
+            with trio.move_on_after(2 * CLOSE_GRACE, shield=True):
+                await life.close_scope()
+                await self._services.release_persistence(self.id, life.lease)
+        finally:
+            life.detach()
 
     def _claim(self, turn: int, *, boundary: bool) -> tuple[InboxMessage, ...]:
         """Atomically take the next-step input, plus one queued prompt at a turn boundary."""

@@ -47,6 +47,7 @@ from ._model import AgentOptions, CallConfig, SessionEvent
 from ._services import LeaseClaim, Services
 from ._session import Session, recover_crashed_turn, validate_session_id
 from ._settings import CRASHED_TURN
+from ._tail import SessionTail
 from ._util import NoPublicConstructor, construct
 
 __all__ = [
@@ -283,6 +284,16 @@ class Supervisor:
             if child.status == "running":
                 child.cancel("parent")
 
+    def rested(self, agent: Agent) -> None:
+        """``agent`` hibernated: its in-memory session is released (it reloads on a wake)."""
+        if self.agents.get(agent.id) is agent:
+            self.sessions.pop(agent.id, None)
+
+    def woken(self, agent: Agent, session: Session) -> None:
+        """``agent`` was reloaded from the store: its session is live again."""
+        if self.agents.get(agent.id) is agent:
+            self.sessions[agent.id] = session
+
     def agent_of(self, scope: Scope) -> Agent | None:
         """The agent (live or being prepared) whose own scope ``scope`` is."""
         found = self._preparing.get(scope)
@@ -311,7 +322,8 @@ class Supervisor:
     async def start_early(self, agent: Agent, parent: Agent | None) -> None:
         """Start ``agent``'s actor before publication (its setup spawns children under it)."""
         life = self._lives[agent]
-        await self.nursery_for(parent).start(life.actor, name=f"agentloop.agent:{agent.id}")
+        life.home = self.nursery_for(parent)
+        await life.home.start(life.actor, name=f"agentloop.agent:{agent.id}")
 
     async def dispose(self, agent: Agent) -> None:
         life = self._lives.get(agent)
@@ -400,6 +412,7 @@ class Supervisor:
             finally:
                 life.announced()
                 if life.nursery is None:  # not started early, for a setup
+                    life.home = nursery
                     nursery.start_soon(life.actor, name=f"agentloop.agent:{agent.id}")
         except Exception as exc:  # noqa: BLE001 - handed to the creator, who re-raises
             request.reply.error = exc
@@ -416,11 +429,13 @@ class Supervisor:
                 del siblings[agent.id]
                 if not siblings:
                     del self.children[parent.id]
-            if self.agents.get(agent.id) is agent:
+            entered = self.agents.get(agent.id) is agent
+            if entered:
                 del self.agents[agent.id]
                 services.emit(AgentDisposed(agent.id))
-            if self.sessions.get(agent.id) is agent.session:
-                del self.sessions[agent.id]
+            if entered:
+                # Entered with its agent; a hibernated agent's session is no longer held.
+                self.sessions.pop(agent.id, None)
                 services.emit(SessionDisposed(agent.id))
         finally:
             life = self._lives.pop(agent, None)
@@ -440,6 +455,25 @@ class SessionsService:
 
     def list(self) -> list[Session]:
         return list(self._supervisor.sessions.values())
+
+    def tail(self, session_id: str, *, from_seq: int = 0) -> SessionTail:
+        """Async-iterate the session's events with ``seq >= from_seq``, then live.
+
+        Read from memory while this runtime drives the session, else from the store (a
+        hibernated agent is not woken); new events are announced by this runtime's bus and by
+        the store's own notifications (SQLite: any store of this process on the same file).
+        A slow reader never holds up the driver: it reads again from where it stopped.
+
+        Raises:
+            InvalidContent: the id or ``from_seq`` is invalid.
+            SessionNotFound: (when iterated) nobody here drives it and the store lacks it.
+        """
+        _check_id(session_id)
+        services = self._services
+        return SessionTail(
+            services.bus, self._supervisor.sessions.get, lambda: services.persistence,
+            session_id, from_seq,
+        )
 
     async def send(
         self,

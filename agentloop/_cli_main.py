@@ -167,6 +167,16 @@ examples:
 {_PROVIDERS_HELP}"""
 
 
+def _nonnegative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``agentloop`` argument parser."""
     common = _common_options()
@@ -194,6 +204,18 @@ def build_parser() -> argparse.ArgumentParser:
     form.add_argument("--tree", action="store_true",
                       help="then its sub-agents' sessions, indented under their parents")
     show.add_argument("--db", metavar="PATH", help="the session store")
+    tail = which.add_parser(
+        "tail", parents=[common],
+        help="print a session's events from a seq; --follow: then live as they are written",
+    )
+    tail.add_argument("id", metavar="ID")
+    tail.add_argument("--from-seq", type=_nonnegative, default=0, metavar="N",
+                      help="the first seq to print (default: from the start)")
+    tail.add_argument("--follow", "-f", action="store_true",
+                      help="keep printing new events (PostgreSQL: written by any runtime; "
+                           "SQLite: by this process only)")
+    tail.add_argument("--json", action="store_true", help="one JSON object a line")
+    tail.add_argument("--db", metavar="PATH", help="the session store (a path or a DSN)")
     serve = commands.add_parser(
         "mcp-serve", parents=[common],
         help="serve the configured agents as an MCP server over stdio (tool: ask)",
@@ -334,6 +356,13 @@ def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.command == "sessions":
         if args.sessions_command == "list":
             return trio.run(_sessions_list, args, out, err)
+        if args.sessions_command == "tail":
+            from ._cli_tail import sessions_tail
+
+            try:
+                return trio.run(sessions_tail, args, out, err)
+            except KeyboardInterrupt:
+                return EXIT_INTERRUPTED
         return trio.run(_sessions_show, args, out, err)
     plan = make_plan(args, os.environ)
     if args.command == "mcp-serve":

@@ -58,6 +58,8 @@ __all__ = [
     "AgentSessionStart",
     "AgentDisposed",
     "AgentStatus",
+    "AgentHibernated",
+    "AgentWoken",
     "InboxSpliced",
     "InboxInserted",
     "InboxDiscarded",
@@ -257,13 +259,38 @@ class AgentDisposed(Event):
 
 @attrs.frozen(slots=True)
 class AgentStatus(Event):
-    """The agent's status changed (``idle``, ``running``, ``disposed``)."""
+    """The agent's status changed (``idle``, ``running``, ``hibernated``, ``disposed``)."""
 
     name: ClassVar[str] = "agent/status"
     kind: ClassVar[Kind] = "control"
     agent_id: str
     status: str
     previous: str
+
+
+@attrs.frozen(slots=True)
+class AgentHibernated(Event):
+    """An idle agent of a persisted session released its actor task, channels and in-memory
+    log (``agent-loop.hibernate_after_seconds``); its handle stays valid and any input wakes
+    it. ``last_seq`` is the last event stored before the log was released."""
+
+    name: ClassVar[str] = "agent/hibernated"
+    kind: ClassVar[Kind] = "control"
+    agent_id: str
+    last_seq: int
+
+
+@attrs.frozen(slots=True)
+class AgentWoken(Event):
+    """A hibernated agent was reloaded from the store (its session's ``last_seq`` events) and
+    its actor started again; ``cause`` says what woke it (``send``, ``approval``,
+    ``session``, ``cancel``, ``wake``)."""
+
+    name: ClassVar[str] = "agent/woken"
+    kind: ClassVar[Kind] = "control"
+    agent_id: str
+    last_seq: int
+    cause: str
 
 
 @attrs.frozen(slots=True)

@@ -24,6 +24,8 @@ class Family(Protocol):
 
     def detach(self, agent: Any) -> None: ...
     def cancel_children(self, agent_id: str) -> None: ...
+    def rested(self, agent: Any) -> None: ...
+    def woken(self, agent: Any, session: Any) -> None: ...
 
 
 class Scope(Protocol):
@@ -75,12 +77,14 @@ class Lifecycle:
         attached: its session is stored (else its actor stores it first).
         needs_lease: its actor must take the session's lease (``agent_loop.create``).
         lease: its claim on the session's persistence lease, once published.
+        home: the nursery its actor task runs in (a hibernated agent's actor restarts there).
+        dormant: while hibernated, the call settings it goes on with when woken (else None).
     """
 
     __slots__ = (
         "_abandoned", "_agent", "_announced", "_family", "_quiescent", "_settled", "_stop",
-        "_system", "_teardown_requested", "actor", "agent_id", "attached", "lease",
-        "needs_lease", "nursery", "published", "scope", "stopping",
+        "_system", "_teardown_requested", "actor", "agent_id", "attached", "dormant", "home",
+        "lease", "needs_lease", "nursery", "published", "scope", "stopping",
     )
 
     def __init__(
@@ -100,6 +104,8 @@ class Lifecycle:
         self.needs_lease = False
         self.lease: LeaseClaim | None = None
         self.nursery: trio.Nursery | None = None
+        self.home: trio.Nursery | None = None
+        self.dormant: object | None = None
         self._teardown_requested = False
         self._abandoned = False
         self._announced = Latch()  # publication's notifications are over
@@ -128,6 +134,26 @@ class Lifecycle:
     def cancel_children(self) -> None:
         """Cancel the running turns of the agent's live sub-agents (cause ``parent``)."""
         self._family.cancel_children(self.agent_id)
+
+    # --- hibernation ---------------------------------------------------------------------
+
+    def rest(self, proposal: object) -> None:
+        """The agent hibernated: the supervisor forgets its in-memory session."""
+        self.dormant = proposal
+        self._family.rested(self._agent)
+
+    def wake(self, session: object) -> None:
+        """The agent was reloaded: its session is live again, and its actor restarts where it
+        ran before."""
+        self.dormant = None
+        self._family.woken(self._agent, session)
+        assert self.home is not None, "a hibernated agent's actor ran in a nursery"
+        self.home.start_soon(self.actor, name=f"agentloop.agent:{self.agent_id}")
+
+    def retire(self, retire: Callable[[], Awaitable[None]]) -> None:
+        """A hibernated agent is disposed: no actor runs, so its teardown runs on its own
+        (``dormant`` stays set: a later read of its session loads the stored log)."""
+        self._system.start_soon(retire, name=f"agentloop.agent:{self.agent_id}")
 
     # --- publication ---------------------------------------------------------------------
 

@@ -69,6 +69,11 @@ class Requests:
         # cache_prefix (a snapshot: O(1) to keep and, unless replaced, to compare).
         self._sent: dict[Route, Sequence[Message]] | None = None  # made by the first call
 
+    @property
+    def proposal(self) -> CallConfig:
+        """The call settings the next step proposes (what a hibernating agent keeps)."""
+        return self._proposal
+
     def _visible_specs(self) -> tuple[ToolSpec, ...]:
         registry = self._services.tools
         if registry.version != self._specs_version:

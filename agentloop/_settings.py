@@ -12,12 +12,14 @@ from ._events import SettingChanged
 
 __all__ = [
     "Settings", "MAX_PARALLEL_TOOL_CALLS", "APPROVAL_TIMEOUT", "CRASHED_TURN", "MAX_STEPS_PER_TURN",
+    "HIBERNATE_AFTER",
 ]
 
 MAX_PARALLEL_TOOL_CALLS = "agent-loop.max_parallel_tool_calls"
 APPROVAL_TIMEOUT = "agent-loop.approval_timeout"
 CRASHED_TURN = "agent-loop.crashed_turn"
 MAX_STEPS_PER_TURN = "agent-loop.max_steps_per_turn"
+HIBERNATE_AFTER = "agent-loop.hibernate_after_seconds"
 
 
 def _positive_int(key: str, value: object) -> int:
@@ -55,6 +57,8 @@ _SCHEMA: dict[str, tuple[Callable[[str, object], Any], Any]] = {
     CRASHED_TURN: (_crashed_turn, "close"),
     # A model that keeps calling tools would otherwise run until killed.
     MAX_STEPS_PER_TURN: (_count_or_zero, 50),
+    # None: an idle agent keeps its actor and log in memory until it is disposed.
+    HIBERNATE_AFTER: (_positive_seconds_or_none, None),
     "subagents.max_depth": (_positive_int, 3),
     "subagents.max_children": (_positive_int, 8),
 }

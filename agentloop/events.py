@@ -7,6 +7,7 @@ from ._bus import Lagged as Lagged
 from ._events import ALL_EVENTS as ALL_EVENTS
 from ._events import AgentCreated as AgentCreated
 from ._events import AgentDisposed as AgentDisposed
+from ._events import AgentHibernated as AgentHibernated
 from ._events import AgentPreStep as AgentPreStep
 from ._events import AgentRequest as AgentRequest
 from ._events import AgentRequestError as AgentRequestError
@@ -16,6 +17,7 @@ from ._events import AgentStepResult as AgentStepResult
 from ._events import AgentTurnContinuation as AgentTurnContinuation
 from ._events import AgentTurnEnd as AgentTurnEnd
 from ._events import AgentTurnStopping as AgentTurnStopping
+from ._events import AgentWoken as AgentWoken
 from ._events import Allow as Allow
 from ._events import Ask as Ask
 from ._events import Deny as Deny
@@ -58,6 +60,8 @@ __all__ = [
     "AgentSessionStart",
     "AgentDisposed",
     "AgentStatus",
+    "AgentHibernated",
+    "AgentWoken",
     "InboxSpliced",
     "InboxInserted",
     "InboxDiscarded",

@@ -41,6 +41,8 @@ EXPECTED = {
         "seeds", "DEFAULT_KINDS", "WEIGHTS", "POINTS", "HOOK_POINTS", "DEFAULT_TOOLS",
         "DEFAULT_SCRIPT", "Instant", "Approve", "Deny", "Together", "When", "Resume",
         "Subscribe", "Crash", "Hold",
+        # Hibernation (issue 26).
+        "Hibernate", "Wake",
     },
     agentloop.llm: {
         "OpenAIChatAdapter", "OpenAIResponsesAdapter", "AnthropicAdapter", "ModelAdapter",
@@ -51,7 +53,8 @@ EXPECTED = {
         "Event", "ALL_EVENTS", "Lagged", "SessionEventAppended", "SessionFlush",
         "SessionCreated", "SessionDisposed", "SessionPersistenceFailed", "AgentCreated",
         "AgentSessionStart",
-        "AgentDisposed", "AgentStatus", "InboxSpliced", "InboxInserted", "InboxDiscarded",
+        "AgentDisposed", "AgentStatus", "AgentHibernated", "AgentWoken", "InboxSpliced",
+        "InboxInserted", "InboxDiscarded",
         "InboxClaimed", "LlmRetry", "PluginFailed", "SettingChanged", "InvariantViolated",
         "McpServerFailed", "AgentPreStep",
         "AgentRequest", "AgentRequestError", "AgentStepResult", "AgentTurnContinuation",

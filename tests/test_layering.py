@@ -30,7 +30,7 @@ PUBLIC = {
 # From the top down; a module may import its own layer and any layer below it.
 LAYERS: list[tuple[str, set[str]]] = [
     ("app", {"__main__", "_cli", "_cli_render", "_cli_screen", "_cli_agents", "_cli_mcp_serve",
-             "_cli_acp", "_cli_ui", "_cli_main", "_cli_serve"}),
+             "_cli_acp", "_cli_ui", "_cli_main", "_cli_serve", "_cli_tail"}),
     ("public", {"__init__", "events", "testing", "_catalog", "_front"}),
     ("runtime", {"_runtime"}),
     ("plugin", {"_plugin"}),
@@ -42,6 +42,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     }),
     ("services", {
         "_services", "_session", "_llm", "_tools", "_settings", "_persistence", "_config",
+        "_tail",
         "_output", "_inputs",
     }),
     ("bus", {"_bus", "_schema", "_pydantic"}),

@@ -38,7 +38,8 @@ __all__ = [
     "Race", "Operation", "Instant",
     "Followup", "Steer", "Inject", "Edit", "Remove", "Cancel", "Close", "CreateSameId",
     "WriteSetting", "Advance", "Settle", "Spawn", "Exit", "Approve", "Deny", "Together",
-    "When", "Resume", "Subscribe", "Crash", "Hold", "POINTS", "HOOK_POINTS", "open_turn",
+    "When", "Resume", "Subscribe", "Crash", "Hold", "Hibernate", "Wake", "POINTS", "HOOK_POINTS",
+    "open_turn",
 ]
 
 POINTS = (
@@ -284,6 +285,32 @@ class Close(Instant):
         h = race.handle(self.agent)
         if h is not None:
             race.nursery.start_soon(h.aclose)
+
+
+@attrs.frozen
+class Hibernate(Instant):
+    """Ask the agent to hibernate now (``Agent.hibernate``): its actor stores its log and
+    releases it unless input comes first. A no-op for an agent that cannot (busy, pending
+    input, no store that reloads synchronously)."""
+
+    agent: int
+
+    def now(self, race: Race) -> None:
+        h = race.handle(self.agent)
+        if h is not None:
+            h.agent.hibernate()
+
+
+@attrs.frozen
+class Wake(Instant):
+    """Wake a hibernated agent without input (``Agent.wake``); a no-op for any other."""
+
+    agent: int
+
+    def now(self, race: Race) -> None:
+        h = race.handle(self.agent)
+        if h is not None:
+            h.agent.wake()
 
 
 @attrs.frozen

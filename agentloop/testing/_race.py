@@ -47,6 +47,7 @@ from ._ops import (
     Edit,
     Exit,
     Followup,
+    Hibernate,
     Hold,
     Inject,
     Instant,
@@ -59,6 +60,7 @@ from ._ops import (
     Steer,
     Subscribe,
     Together,
+    Wake,
     When,
     WriteSetting,
 )
@@ -93,7 +95,7 @@ __all__ = [
     # operations
     "Followup", "Steer", "Inject", "Edit", "Remove", "Cancel", "Close", "CreateSameId",
     "WriteSetting", "Advance", "Settle", "Spawn", "Exit", "Approve", "Deny", "Together",
-    "When", "Resume", "Subscribe", "Crash", "Hold",
+    "When", "Resume", "Subscribe", "Crash", "Hold", "Hibernate", "Wake",
     # model behaviours
     "Say", "Think", "CallTools", "Fail", "Stall", "MaxTokens", "Behaviour",
 ]

@@ -62,6 +62,13 @@ class RaceStore:
         meta, events = self.sessions[session_id]
         return StoredSession(id=session_id, meta=meta, events=tuple(events))
 
+    def load_now(self, session_id: str) -> StoredSession:
+        """What :meth:`load` returns, without awaiting (a hibernated agent's wake)."""
+        if session_id not in self.sessions:
+            raise SessionNotFound(f"no stored session {session_id!r}")
+        meta, events = self.sessions[session_id]
+        return StoredSession(id=session_id, meta=meta, events=tuple(events))
+
     async def create(self, session_id: str, meta: FrozenDict) -> None:
         await trio.lowlevel.checkpoint()
         if self.crashed:

@@ -44,6 +44,7 @@ from ._race import (
     Exit,
     Fail,
     Followup,
+    Hibernate,
     Hold,
     Inject,
     Instant,
@@ -60,6 +61,7 @@ from ._race import (
     Subscribe,
     Think,
     Together,
+    Wake,
     When,
     WriteSetting,
     run_race,
@@ -81,20 +83,22 @@ __all__ = [
     "Instant",
     "Followup", "Steer", "Inject", "Edit", "Remove", "Cancel", "Close", "CreateSameId",
     "WriteSetting", "Advance", "Settle", "Spawn", "Exit", "Approve", "Deny", "Together",
-    "When", "Resume", "Subscribe", "Crash", "Hold", "HOOK_POINTS",
+    "When", "Resume", "Subscribe", "Crash", "Hold", "Hibernate", "Wake", "HOOK_POINTS",
     "Behaviour", "Say", "Think", "CallTools", "Fail", "Stall", "MaxTokens",
 ]
 
 OPERATION_KINDS = (
     "followup", "steer", "inject", "edit", "remove", "cancel", "cancel_keep_inbox", "close",
     "create_same_id", "write_setting", "advance", "settle", "spawn", "exit", "approve", "deny",
-    "together", "when", "resume", "subscribe", "crash", "hold",
+    "together", "when", "resume", "subscribe", "crash", "hold", "hibernate", "wake",
 )
 """Every built-in operation kind; ``spawn`` acts only where ``ctx.subagents`` exists, and
-``exit`` leaves the runtime at once (turns in flight are disposed; later operations skipped)."""
+``exit`` leaves the runtime at once (turns in flight are disposed; later operations skipped);
+``hibernate`` and ``wake`` act on agents of a persisted session only."""
 
-DEFAULT_KINDS = tuple(k for k in OPERATION_KINDS if k != "exit")
-"""The kinds drawn by default: all but ``exit`` (after which ``check`` would run mid-turn)."""
+DEFAULT_KINDS = tuple(k for k in OPERATION_KINDS if k not in ("exit", "hibernate", "wake"))
+"""The kinds drawn by default: all but ``exit`` (after which ``check`` would run mid-turn)
+and the hibernation ones (draw them with ``kinds=(*DEFAULT_KINDS, "hibernate", "wake")``)."""
 
 WEIGHTS: Mapping[str, int] = {
     "followup": 4, "steer": 3, "inject": 1, "edit": 1, "remove": 1, "cancel": 2,
@@ -161,6 +165,8 @@ def _kind(name: str, agents: st.SearchStrategy[int]) -> st.SearchStrategy[Operat
         "subscribe": st.builds(Subscribe, st.integers(1, 2), st.just(1.0)),
         "crash": st.builds(Crash, st.integers(0, 12)),
         "hold": st.builds(Hold, st.sampled_from(HOOK_POINTS), st.sampled_from([1.0, 2.0])),
+        "hibernate": st.builds(Hibernate, agents),
+        "wake": st.builds(Wake, agents),
     }
     if name not in simple:
         raise ValueError(f"unknown operation kind {name!r}; known: {', '.join(OPERATION_KINDS)}")

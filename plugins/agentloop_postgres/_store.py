@@ -212,8 +212,11 @@ WITH added AS (
     FROM unnest(%s::text[], %s::integer[], %s::integer[]) AS b(id, n, t)
     WHERE s.id = b.id
     RETURNING 1
+), told AS (
+    -- Delivered when the batch commits: tails of these sessions, in any runtime, read on.
+    SELECT pg_notify('agentloop_events', t.id) FROM unnest(%s::text[]) AS t(id)
 )
-SELECT (SELECT count(*) FROM added), (SELECT count(*) FROM bumped)
+SELECT (SELECT count(*) FROM added), (SELECT count(*) FROM bumped), (SELECT count(*) FROM told)
 """
 
 def _decode_any(text: str, where: str) -> Any:
@@ -315,6 +318,9 @@ def _nesting_problem(value: object, path: str) -> str | None:
         stack.extend((v, w, depth + 1) for v, w in children)
     return None
 INBOX_CHANNEL: Final = "agentloop_inbox"
+_Watch: TypeAlias = "tuple[trio.lowlevel.TrioToken, Callable[[], None]]"
+EVENTS_CHANNEL: Final = "agentloop_events"
+"""Notified with a session id each time a batch of that session's events commits."""
 
 
 class _LostError(Exception):
@@ -390,6 +396,10 @@ class PostgresSessionStore:
         self._fatal: BaseException | None = None
         self._conn: psycopg.Connection[Any] | None = None
         self._held: dict[str, tuple[str, int]] = {}
+        # Tails of this store (``watch``), by session id, and the thread that listens for them.
+        self._watchers: dict[str, builtins.list[_Watch]] = {}
+        self._watch_lock = threading.Lock()
+        self._watch_stop: threading.Event | None = None
         # The lease each session's routed input was last claimed under: it fences discards.
         self._claimed: dict[str, tuple[str, int]] = {}
         self._written: dict[str, int] = {}
@@ -445,8 +455,64 @@ class PostgresSessionStore:
             raise
         self._state = "open"
 
+    def watch(self, session_id: str, changed: Callable[[], None]) -> Callable[[], None]:
+        """Call ``changed`` (in this trio run) each time events of the session commit, written
+        by any runtime on this database (``NOTIFY agentloop_events``); returns the function
+        that stops it. One listening connection per store serves all its tails."""
+        entry = (trio.lowlevel.current_trio_token(), changed)
+        with self._watch_lock:
+            self._watchers.setdefault(session_id, []).append(entry)
+            if self._watch_stop is None:
+                self._watch_stop = threading.Event()
+                threading.Thread(
+                    target=self._listen_events, args=(self._watch_stop,), daemon=True,
+                    name=f"agentloop-postgres-tails:{self.path}",
+                ).start()
+
+        def stop() -> None:
+            with self._watch_lock:
+                found = self._watchers.get(session_id, [])
+                if entry in found:
+                    found.remove(entry)
+                if not found:
+                    self._watchers.pop(session_id, None)
+                if not self._watchers and self._watch_stop is not None:
+                    self._watch_stop.set()
+                    self._watch_stop = None
+
+        return stop
+
+    def _listen_events(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                with psycopg.connect(self._dsn, autocommit=True, connect_timeout=10) as conn:
+                    conn.execute(f"LISTEN {EVENTS_CHANNEL}")
+                    # Something may have committed while this connection was not listening.
+                    self._tell(None)
+                    while not stop.is_set():
+                        for note in conn.notifies(timeout=0.25):
+                            self._tell(note.payload)
+            except psycopg.Error as exc:
+                log.warning("listening for session events on %s failed (%s); retrying",
+                            self.path, type(exc).__name__)
+                stop.wait(1.0)
+
+    def _tell(self, session_id: str | None) -> None:
+        with self._watch_lock:
+            due = [
+                w for sid, found in self._watchers.items()
+                if session_id is None or sid == session_id for w in found
+            ]
+        for token, changed in due:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(changed)
+
     async def aclose(self) -> None:
         """Commit everything queued, release the leases this store holds and disconnect."""
+        with self._watch_lock:
+            if self._watch_stop is not None:
+                self._watch_stop.set()
+                self._watch_stop = None
         if self._state != "open":
             await trio.lowlevel.checkpoint()
             return
@@ -1097,6 +1163,7 @@ class PostgresSessionStore:
             sids,
             [len(rows[sid]) for sid in sids],
             [sum(1 for r in rows[sid] if r[3] == _TURN_START) for sid in sids],
+            sids,
         )
         self._db.execute(_WRITE, params)
         self.stats.transactions += 1

@@ -287,6 +287,60 @@ class SqliteSessionStore:
         """
         return await self._call(functools.partial(self._do_load, session_id))
 
+    def load_now(self, session_id: str) -> StoredSession:
+        """The stored session, read without awaiting (a hibernated agent wakes synchronously):
+        one read transaction on a connection of its own, which sees every committed write.
+        Also works once the store is closed, while its file exists (the log of a hibernated
+        agent disposed at shutdown).
+
+        Raises:
+            SessionNotFound: no session has this id.
+            PersistenceError: the file cannot be read or a stored row does not decode.
+        """
+        with self._reader() as conn:
+            return self._guarded(functools.partial(self._read_session, conn, session_id))
+
+    async def read_events(
+        self, session_id: str, from_seq: int, limit: int
+    ) -> builtins.list[SessionEvent]:
+        """At most ``limit`` stored events of the session from seq ``from_seq`` on (a tail's
+        read): on a connection of its own in a worker thread, so the writer is not held up."""
+        call = functools.partial(self._read_events, session_id, from_seq, limit)
+        return await trio.to_thread.run_sync(functools.partial(self._guarded, call))
+
+    def watch(self, session_id: str, changed: Callable[[], None]) -> Callable[[], None]:
+        """Call ``changed`` (in this trio run) each time events of the session are committed
+        to this file by any store of this process; returns the function that stops it."""
+        watcher = _Watcher(session_id, trio.lowlevel.current_trio_token(), changed)
+        key = os.path.realpath(self._path)
+        with _HUB_LOCK:
+            _HUB.setdefault(key, []).append(watcher)
+
+        def stop() -> None:
+            with _HUB_LOCK:
+                found = _HUB.get(key, [])
+                if watcher in found:
+                    found.remove(watcher)
+                if not found:
+                    _HUB.pop(key, None)
+
+        return stop
+
+    @contextlib.contextmanager
+    def _reader(self) -> Iterator[sqlite3.Connection]:
+        """A read-only connection of its own, which sees every committed write."""
+        if self._state == "new" or not os.path.exists(self._path):
+            raise PersistenceError(f"session store {self._path} is not open ({self._state})")
+        uri = pathlib.Path(os.path.abspath(self._path)).as_uri() + "?mode=ro"
+        try:
+            conn = sqlite3.connect(
+                uri, uri=True, timeout=5, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise PersistenceError(f"cannot read {self._path}: {exc}") from exc
+        with contextlib.closing(conn):
+            yield conn
+
     async def create(self, session_id: str, meta: FrozenDict) -> None:
         """Record a new session; ``meta["cwd"]``, when a string, is listed as its directory.
 
@@ -459,6 +513,19 @@ class SqliteSessionStore:
         except sqlite3.Error as exc:
             raise PersistenceError(f"session store {self._path}: {exc}") from exc
 
+    @staticmethod
+    @contextlib.contextmanager
+    def _read(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+        conn.execute("BEGIN")
+        try:
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            raise
+
     @contextlib.contextmanager
     def _transaction(self, begin: str = "BEGIN IMMEDIATE") -> Iterator[sqlite3.Connection]:
         # IMMEDIATE takes the write lock up front, so two writers queue on busy_timeout
@@ -628,6 +695,8 @@ class SqliteSessionStore:
         if appends:
             self._write(appends)
             self._processed += len(appends)
+            if _HUB:
+                _announce(os.path.realpath(self._path), {sid for sid, _ in appends})
         for flush in flushes:
             flush.run()
 
@@ -750,9 +819,12 @@ class SqliteSessionStore:
             ) from exc
 
     def _do_load(self, session_id: str) -> StoredSession:
+        return self._read_session(self._db, session_id)
+
+    def _read_session(self, db: sqlite3.Connection, session_id: str) -> StoredSession:
         # One read transaction: the metadata and the log come from the same snapshot even
         # while another process appends.
-        with self._transaction("BEGIN") as conn:
+        with self._read(db) as conn:
             (version,) = conn.execute("PRAGMA user_version").fetchone()
             if version != SCHEMA_VERSION:
                 # Another process changed the file since it was opened.
@@ -768,8 +840,13 @@ class SqliteSessionStore:
                 (session_id,),
             ).fetchall()
         meta = self._decode(found[0], f"the metadata of session {session_id!r}")
+        return StoredSession(id=session_id, meta=meta, events=self._events(session_id, rows, 1))
+
+    def _events(
+        self, session_id: str, rows: builtins.list[Any], first: int
+    ) -> tuple[SessionEvent, ...]:
         events = []
-        for expected, (seq, type_, turn, data) in enumerate(rows, start=1):
+        for expected, (seq, type_, turn, data) in enumerate(rows, start=first):
             if seq != expected or type(seq) is not int:
                 raise PersistenceError(
                     f"session {session_id!r}, event seq {expected} is missing in {self._path}:"
@@ -785,7 +862,18 @@ class SqliteSessionStore:
                     _readable(f"{where} ({type_}) in {self._path} is malformed: it {problem}")
                 )
             events.append(SessionEvent(seq, type_, turn, value))
-        return StoredSession(id=session_id, meta=meta, events=tuple(events))
+        return tuple(events)
+
+    def _read_events(
+        self, session_id: str, from_seq: int, limit: int
+    ) -> builtins.list[SessionEvent]:
+        with self._reader() as conn:
+            rows = conn.execute(
+                "SELECT seq, type, turn, data FROM events WHERE session_id = ? AND seq >= ?"
+                " ORDER BY seq LIMIT ?",
+                (session_id, from_seq, limit),
+            ).fetchall()
+        return builtins.list(self._events(session_id, rows, from_seq))
 
     def _decode(self, data: object, where: str) -> FrozenDict:
         try:
@@ -853,6 +941,28 @@ class SqliteSessionStore:
             del self._held[session_id]
             # Its driver is gone; whoever resumes it continues from the stored log.
             self._failed.pop(session_id, None)
+
+
+@attrs.frozen(eq=False)
+class _Watcher:
+    session_id: str
+    token: trio.lowlevel.TrioToken
+    changed: Callable[[], None]
+
+
+# Tails of this process, by database file: a commit by any store of the process tells them.
+_HUB: dict[str, builtins.list[_Watcher]] = {}
+_HUB_LOCK = threading.Lock()
+
+
+def _announce(key: str, sessions: set[str]) -> None:
+    """From the writer thread, after a commit: wake the tails of these sessions."""
+    with _HUB_LOCK:
+        due = [w for w in _HUB.get(key, ()) if w.session_id in sessions]
+    for watcher in due:
+        # A run that ended left its watcher behind: nothing to wake.
+        with contextlib.suppress(trio.RunFinishedError):
+            watcher.token.run_sync_soon(watcher.changed)
 
 
 def _refuse_special(path: str) -> None:
