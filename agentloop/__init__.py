@@ -26,7 +26,7 @@ Layering (``tests/test_layering.py`` enforces it; a module imports its own layer
     services    _services _session _llm _tools _settings _persistence _config _output _inputs
                                          the services record handed down; log, models, tools
     bus         _bus _schema
-    values      _log _events _model _json _errors _http _util
+    values      _log _events _model _json _errors _http _util _prices
     llm/        the adapters, over values only; plugins/ use the public modules only
 
 A lower layer that must name a higher type declares a ``Protocol`` of its own (``_run.Driven``,
