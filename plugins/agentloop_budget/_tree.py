@@ -181,11 +181,10 @@ class TreeBudget:
 
     def pre_execute(self, event: ToolPreExecute) -> Deny | None:
         member = self._members.get(event.agent_id)
-        limit = self._policy.max_tool_calls_per_turn
-        if member is None or limit is None:
+        if member is None:
             return None
-        account = member.account
-        if account.tool_calls >= limit:
+        account, limit = member.account, self._policy.max_tool_calls_per_turn
+        if limit is not None and account.tool_calls >= limit:
             return Deny(
                 f"the budget's limit max_tool_calls_per_turn ({limit}) is reached for this "
                 "agent and its sub-agents"
