@@ -34,6 +34,7 @@ class Tally:
     tokens: int = 0
     ticks: int = 0
     agents: set[str] = attrs.field(factory=set)
+    seconds: float = 0.0  # the top turn's duration
     sessions: dict[str, agentloop.Session] = attrs.field(factory=dict)
 
     def delegations(self) -> int:
@@ -110,9 +111,11 @@ async def run_tree(
 
         handle = await rt.agents.create(session_id="root", agent_options=OPTIONS)
         agent = handle.agent
+        started = trio.current_time()
         agent.followup("do the work in parts")
         with trio.fail_after(100_000):
             await agent.wait_idle()
+        tally.seconds = trio.current_time() - started
         for session in tally.sessions.values():
             check_log(session, quiescent=False)
         return agent, tally
@@ -268,4 +271,7 @@ def test_parallel_spawns_never_overshoot_the_tree_budget(
     if "max_cost_per_turn" in limits:
         cost = tally.tokens * 5.0 / 1_000_000
         assert cost < limits["max_cost_per_turn"] + in_flight * 5.0 / 1_000_000
+    # Checked between steps: a tool that is running finishes first.
+    if "max_turn_seconds" in limits:
+        assert tally.seconds <= limits["max_turn_seconds"] + plan.tick_seconds
     assert root_end(agent)["reason"] in ("completed", "aborted")
