@@ -60,7 +60,8 @@ class RunResult:
             ``turn`` ``None``.
         turn: the turn's number, or ``None`` when no turn claimed the message.
         usage: the token counters of the turn's model calls, summed key by key (nested
-            counters too), or ``None`` when no call reported any.
+            counters too, and ``cost`` with a ``[prices]`` table), or ``None`` when no call
+            reported any.
     """
 
     text: str
