@@ -27,7 +27,7 @@ Layering (``tests/test_layering.py`` enforces it; a module imports its own layer
                 _tail                    the services record handed down; log, models, tools;
                                          tails of a session's events
     bus         _bus _schema _pydantic
-    values      _log _events _model _json _errors _http _util
+    values      _log _events _model _json _errors _http _util _prices
     llm/        the adapters, over values only; plugins/ use the public modules only
 
 A lower layer that must name a higher type declares a ``Protocol`` of its own (``_run.Driven``,

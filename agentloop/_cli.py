@@ -1271,13 +1271,48 @@ _USAGE_LABELS: Final = (
 
 
 def _usage_note(data: Mapping[str, object]) -> str:
-    """``, tokens: in 12, out 3`` from a ``turn/end``'s usage, or nothing."""
+    """``, tokens: in 12, out 3, cost 0.0012`` from a ``turn/end``'s usage, or nothing.
+
+    The cost shows when the calls were made with a ``[prices]`` table: ``cost unknown`` when
+    none of them had a price, and the calls without one counted beside a known cost.
+    """
     usage = data.get("usage")
     if not isinstance(usage, Mapping):
         return ""
     parts = [f"{label} {usage[key]}" for key, label in _USAGE_LABELS
              if isinstance(usage.get(key), int)]
-    return f", tokens: {', '.join(parts)}" if parts else ""
+    note = f", tokens: {', '.join(parts)}" if parts else ""
+    if "cost" in usage:
+        cost, unpriced = usage["cost"], usage.get("unpriced_calls")
+        note += f", cost {cost:.6g}" if isinstance(cost, (int, float)) else ", cost unknown"
+        if isinstance(cost, (int, float)) and isinstance(unpriced, int) and unpriced:
+            note += f" (+{unpriced} unpriced calls)"
+    return note
+
+
+def _usage_total(events: Sequence[SessionEvent], total: dict[str, Any] | None = None
+                 ) -> dict[str, Any]:
+    """The usage of every ``turn/end`` of ``events`` added to ``total``: counts and cost
+    summed, a cost ``None`` (no price) kept only while no other is known."""
+    total = {} if total is None else total
+    for e in events:
+        usage = e.data.get("usage") if e.type == "turn/end" else None
+        if isinstance(usage, Mapping):
+            _add_usage(total, usage)
+    return total
+
+
+def _add_usage(total: dict[str, Any], usage: Mapping[str, Any]) -> None:
+    for key, value in usage.items():
+        if isinstance(value, bool):
+            continue
+        if key == "cost":
+            if isinstance(value, (int, float)):
+                total["cost"] = (total.get("cost") or 0.0) + value
+            else:
+                total.setdefault("cost", None)
+        elif isinstance(value, int):
+            total[key] = total.get(key, 0) + value
 
 
 async def _sessions_show(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -1310,19 +1345,21 @@ async def _sessions_show(args: argparse.Namespace, out: TextIO, err: TextIO) -> 
     out.write(f"session {stored.id}" + (f" (cwd {cwd})" if cwd else "") + "\n")
     for line in transcript(stored.events):
         out.write(line + "\n")
-    total: dict[str, int] = {}
-    for e in stored.events:
-        usage = e.data.get("usage") if e.type == "turn/end" else None
-        if isinstance(usage, Mapping):
-            for key, value in usage.items():
-                if isinstance(value, int) and not isinstance(value, bool):
-                    total[key] = total.get(key, 0) + value
-    note = _usage_note({"usage": total})
+    note = _usage_note({"usage": _usage_total(stored.events)})
     if note:
         out.write(f"session total{note}\n")
+    tree = _usage_total(stored.events)
     for depth, child in descendants:
         pad = "  " * depth
         out.write(f"{pad}session {child.id}\n")
         for line in transcript(child.events):
             out.write(pad + line.replace("\n", "\n" + pad) + "\n")
+        note = _usage_note({"usage": _usage_total(child.events)})
+        if note:
+            out.write(f"{pad}session total{note}\n")
+        _usage_total(child.events, tree)
+    if args.tree:
+        note = _usage_note({"usage": tree})
+        count = 1 + len(descendants)
+        out.write(f"tree total ({count} session{'s' if count > 1 else ''}){note}\n")
     return EXIT_OK

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import attrs
@@ -218,8 +218,10 @@ class _Fold:
     def finished(
         self, finish: Finish | None,
         judge: Callable[[str, tuple[ToolCall, ...]], Verdict] | None,
+        cost: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
     ) -> StepOutcome:
-        """Anchor the completed reply (judged first, when ``judge`` is given)."""
+        """Anchor the completed reply (judged first, when ``judge`` is given), with its
+        cost in its usage (when ``cost`` prices the route)."""
         if finish is None:
             raise ProviderError(
                 "the model stream ended without a finish", code="incomplete_stream"
@@ -230,7 +232,10 @@ class _Fold:
             tool_calls = _unique_ids(self.session, tool_calls, renamed)
         reason = finish.reason  # adapters and Finish itself normalise it
         content = "".join(self.text)
-        usage = freeze(dict(finish.usage)) if finish.usage else None
+        counters = finish.usage
+        if counters and cost is not None:
+            counters = cost(counters)
+        usage = freeze(dict(counters)) if counters else None
         assert usage is None or isinstance(usage, FrozenDict)
         verdict = None if judge is None else judge(content, tool_calls)
         output = freeze(verdict.value) if verdict is not None and verdict.valid else None
@@ -252,6 +257,7 @@ async def fold_stream(
     session: Session, turn: int, step: int, stream: AsyncIterator[StreamPart],
     judge: Callable[[str, tuple[ToolCall, ...]], Verdict] | None = None,
     *, failure: Callable[[Exception], ProviderError] | None = None,
+    cost: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
 ) -> StepOutcome:
     """Log every part of ``stream`` for ``step`` of ``turn`` and anchor the reply.
 
@@ -260,6 +266,7 @@ async def fold_stream(
     an exception of the stream other than a ``ProviderError`` is raised as ``failure(exc)``;
     the guard is this loop, not a wrapper around the stream, so nothing stands between a
     part (or a checkpoint) and the driver. The stream is closed shielded and bounded.
+    ``cost`` (the route's pricing) adds the call's cost to the usage its anchor records.
     """
     fold = _Fold(session, turn, step, stream)
     # The per-chunk path reads locals only: the fold's lists, bound once.
@@ -324,7 +331,7 @@ async def fold_stream(
     except trio.Cancelled:
         fold.interrupted()
         raise
-    return fold.finished(finish, judge)
+    return fold.finished(finish, judge, cost)
 
 
 def _unique_ids(

@@ -240,4 +240,8 @@ class Requests:
         )
         stream, guard = await prepared.serve(request, agent_id=self._agent_id)
         judge = None if spec is None else functools.partial(check_output, spec, native)
-        return await fold_stream(session, turn, step, stream, judge, failure=guard)
+        prices = self._services.prices
+        cost = None if not prices.prices else functools.partial(
+            prices.priced, effective.provider, effective.model
+        )
+        return await fold_stream(session, turn, step, stream, judge, failure=guard, cost=cost)

@@ -60,7 +60,8 @@ class RunResult:
             ``turn`` ``None``.
         turn: the turn's number, or ``None`` when no turn claimed the message.
         usage: the token counters of the turn's model calls, summed key by key (nested
-            counters too), or ``None`` when no call reported any.
+            counters too, and ``cost`` with a ``[prices]`` table), or ``None`` when no call
+            reported any.
     """
 
     text: str
@@ -615,6 +616,11 @@ def _add_usage(total: dict[str, Any], counters: Mapping[str, Any]) -> dict[str, 
         if isinstance(value, int):
             previous = total.get(key, 0)
             total[key] = (previous if isinstance(previous, int) else 0) + value
+        elif isinstance(value, float):  # cost
+            previous = total.get(key)
+            total[key] = (previous if isinstance(previous, (int, float)) else 0.0) + value
+        elif value is None:  # the cost of an unpriced call: unknown unless another has one
+            total.setdefault(key, None)
         elif isinstance(value, Mapping):
             nested = total.get(key)
             total[key] = _add_usage(nested if isinstance(nested, dict) else {}, value)

@@ -22,6 +22,7 @@ from ._config import Config
 from ._errors import PersistenceError, RuntimeClosed
 from ._events import Event, SessionEventAppended, SessionFlush
 from ._llm import LLMService, SystemPrompt
+from ._prices import load_prices
 from ._settings import Settings, flatten_settings
 from ._tools import ToolRegistry
 
@@ -65,6 +66,8 @@ class Services:
         self.llm = LLMService(self.bus)
         self.tools = ToolRegistry()
         self.prompt = SystemPrompt(config.system_prompt)
+        # [prices]: read by the core, not a plugin, since every call's usage carries its cost.
+        self.prices = load_prices(config.section("prices"))
         self.persistence: SessionPersistence | None = None
         # Runtime-wide services plugins provide by name (``ctx.invariants``), each owned by
         # the providing scope.

@@ -14,7 +14,7 @@ import re
 import uuid
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
-from typing import Final, TypeVar, cast, overload
+from typing import Any, Final, TypeVar, cast, overload
 
 import attrs
 
@@ -268,13 +268,26 @@ def pairing_problem(messages: Sequence[Message], pending: set[str] | frozenset[s
     return None
 
 
-def _add_usage(total: dict[str, int], usage: object) -> None:
+def _add_usage(total: dict[str, Any], usage: object) -> None:
     if not isinstance(usage, FrozenDict):
         return
     for key in _log.USAGE_KEYS:
         value = usage.get(key)
         if isinstance(value, int) and not isinstance(value, bool):
             total[key] = total.get(key, 0) + value
+    if "cost" in usage:  # a call made with a [prices] table; logs from before have none
+        _add_cost(total, usage)
+
+
+def _add_cost(total: dict[str, Any], usage: FrozenDict) -> None:
+    """Sum ``cost`` over the priced calls (``None`` until one is) and count the others."""
+    cost, unpriced = usage.get("cost"), usage.get("unpriced_calls")
+    if isinstance(cost, (int, float)) and not isinstance(cost, bool):
+        total["cost"] = (total.get("cost") or 0.0) + cost
+    else:
+        total.setdefault("cost", None)
+    if isinstance(unpriced, int) and not isinstance(unpriced, bool) and unpriced > 0:
+        total["unpriced_calls"] = total.get("unpriced_calls", 0) + unpriced
 
 
 class Session:
@@ -305,8 +318,8 @@ class Session:
         # which generation g differs from g - 1.
         self._gen = 0
         self._splices: list[int] = [0]
-        self._usage: dict[str, int] = {}
-        self._turn_usage: dict[str, int] = {}
+        self._usage: dict[str, Any] = {}
+        self._turn_usage: dict[str, Any] = {}
         self._last_call: tuple[FrozenDict, int] | None = None
         self._open_turn: int | None = None
         self._view = LogView(self._log)
@@ -355,7 +368,9 @@ class Session:
     def usage(self) -> FrozenDict:
         """The session's token counts, summed over its model calls (``input_tokens``,
         ``output_tokens``, ``cache_read_tokens``, ``cache_write_tokens``,
-        ``reasoning_tokens``; counts no call reported are left out)."""
+        ``reasoning_tokens``; counts no call reported are left out). Calls made with a
+        ``[prices]`` table add ``cost`` (the sum over priced calls, ``None`` while none was)
+        and ``unpriced_calls`` (calls whose route had no price)."""
         return FrozenDict(self._usage)
 
     @property

@@ -101,6 +101,8 @@ PRINTS = {
     "async def lead(ctx": "My helper says: Structured concurrency.",
     # open_agent("openai:...") reached the server named by OPENAI_BASE_URL.
     '"openai:gpt-4o-mini", instructions="Be brief."': "Hello from the fake model.",
+    # The tree's budget stopped the helpers, and the lead's model is told so.
+    '"scope": "tree", "max_tokens_per_turn": 3000': "BUDGET Error: the sub-agent was stopped",
 }
 
 
@@ -255,6 +257,7 @@ def test_the_config_reference_has_every_key_with_its_default() -> None:
     import agentloop_subagent
 
     from agentloop import _settings
+    from agentloop._prices import Price
 
     local = pytest.importorskip("agentloop_local")
     tables = _reference_tables()
@@ -273,6 +276,7 @@ def test_the_config_reference_has_every_key_with_its_default() -> None:
         "`[fleet]`": agentloop_fleet.FleetConfig,
         "`[subagent]`": agentloop_subagent.SubagentConfig,
         "`[[subagent.profiles]]`": agentloop_subagent.Profile,
+        '`[prices."PROVIDER:MODEL"]`': Price,
     }
     for marker, cls in classes.items():
         documented = tables.get(marker, {})

@@ -46,7 +46,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "_output", "_inputs",
     }),
     ("bus", {"_bus", "_schema", "_pydantic"}),
-    ("values", {"_log", "_events", "_model", "_json", "_errors", "_http", "_util"}),
+    ("values", {"_log", "_events", "_model", "_json", "_errors", "_http", "_util", "_prices"}),
 ]
 LLM = "llm"  # the adapters: beside the core, over values only
 RANK = {name: i for i, (_, names) in enumerate(LAYERS) for name in names}

@@ -1,4 +1,5 @@
-"""Bound a runaway turn: steps, tool calls, tokens and wall-clock seconds per turn.
+"""Bound a runaway turn, or a whole tree of sub-agents: model calls, tool calls, tokens,
+money and wall-clock seconds.
 
 Load it from the config (``plugins = ["budget"]``, with a ``[budget]`` table) or in code with
 ``open_runtime(plugins=[agentloop_budget.budget(max_steps_per_turn=20)])``.
@@ -9,12 +10,23 @@ plugin compares the turn so far with its limits. The first limit reached ends th
 warning is logged (``agentloop.budget``) naming it. A limit is checked at those points only:
 a single model call or tool is not interrupted.
 
-``[budget]`` settings (all optional; a missing one is no limit)::
+With ``scope = "tree"`` the limits hold for a turn and every turn of its descendants
+together (sub-agents, their sub-agents, background jobs), from one shared account: model
+and tool calls are reserved before they are made, so the tree never makes more than its
+limits allow; tokens and cost are booked when each reply arrives, so the tree can go over
+``max_tokens_per_turn`` or ``max_cost_per_turn`` by the replies already in flight when the
+account ran out (at most one per agent of the tree). A tool call refused for the tree's
+budget, and the call of a parent whose sub-agent the budget stopped, answer the model with
+``error_code == "BUDGET"``/``"DENIED"`` naming the limit.
+
+``[budget]`` settings (all optional; a missing limit is no limit)::
 
     [budget]
+    scope = "turn"                 # or "tree": a turn and its descendants' turns share the limits
     max_steps_per_turn = 50        # model calls in one turn
     max_tool_calls_per_turn = 200  # tool calls in one turn
     max_tokens_per_turn = 500000   # input + output tokens the turn's calls reported
+    max_cost_per_turn = 2.5        # the turn's cost (needs a [prices] table)
     max_turn_seconds = 600         # seconds since the turn opened
 """
 
@@ -22,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Final
+from typing import Any, Literal
 
 import attrs
 import trio
@@ -30,10 +42,9 @@ import trio
 from agentloop import ConfigError, Context, Plugin, Stop
 from agentloop.events import AgentTurnStopping
 
-__all__ = ["BudgetPolicy", "install", "plugin", "budget", "CAUSE"]
+from ._tree import CAUSE, ERROR_CODE, TreeBudget
 
-CAUSE: Final = "budget"
-"""The ``turn/end`` cause of a turn this plugin ended."""
+__all__ = ["BudgetPolicy", "install", "plugin", "budget", "CAUSE", "ERROR_CODE", "TreeBudget"]
 
 log = logging.getLogger("agentloop.budget")
 
@@ -57,6 +68,21 @@ def _seconds(_: object, attribute: attrs.Attribute[float | None], value: object)
         )
 
 
+def _money(_: object, attribute: attrs.Attribute[float | None], value: object) -> None:
+    if value is None:
+        return
+    if (
+        isinstance(value, bool) or not isinstance(value, (int, float))
+        or not (math.isfinite(value) and value > 0)
+    ):
+        raise ConfigError(f"{attribute.name}: must be a positive, finite amount, got {value!r}")
+
+
+def _scope(_: object, attribute: attrs.Attribute[str], value: object) -> None:
+    if value not in ("turn", "tree"):
+        raise ConfigError(f'{attribute.name}: must be "turn" or "tree", got {value!r}')
+
+
 @attrs.frozen(slots=True, kw_only=True)
 class BudgetPolicy:
     """The limits of one turn; also the ``[budget]`` table's shape. ``None`` is no limit.
@@ -68,12 +94,20 @@ class BudgetPolicy:
             turn stops once its calls reach it (the step's calls already made still run).
         max_tokens_per_turn: ``input_tokens + output_tokens`` summed over the turn's calls.
         max_turn_seconds: seconds since the turn opened.
+        max_cost_per_turn: the ``cost`` of the turn's calls, in the currency of the
+            ``[prices]`` table; calls on a route without a price cost nothing here (their
+            usage counts them as ``unpriced_calls``).
+        scope: ``"turn"`` (each turn of each agent has the limits) or ``"tree"`` (a turn and
+            every turn of its descendants share them; ``max_turn_seconds`` then counts from
+            the top turn's start).
     """
 
     max_steps_per_turn: int | None = attrs.field(default=None, validator=_count)
     max_tool_calls_per_turn: int | None = attrs.field(default=None, validator=_count)
     max_tokens_per_turn: int | None = attrs.field(default=None, validator=_count)
     max_turn_seconds: float | None = attrs.field(default=None, validator=_seconds)
+    max_cost_per_turn: float | None = attrs.field(default=None, validator=_money)
+    scope: Literal["turn", "tree"] = attrs.field(default="turn", validator=_scope)
 
     def exceeded(self, event: AgentTurnStopping) -> str | None:
         """The limit ``event``'s turn reached (``"max_steps_per_turn (20)"``), or ``None``."""
@@ -90,6 +124,10 @@ class BudgetPolicy:
             )
             if used >= tokens:
                 return f"max_tokens_per_turn ({tokens}; the turn used {used})"
+        money = self.max_cost_per_turn
+        cost = event.usage.get("cost")
+        if money is not None and isinstance(cost, (int, float)) and cost >= money:
+            return f"max_cost_per_turn ({money:g}; the turn spent {cost:g})"
         seconds = self.max_turn_seconds
         if seconds is not None and event.elapsed >= seconds:
             return f"max_turn_seconds ({seconds:g})"
@@ -97,7 +135,15 @@ class BudgetPolicy:
 
 
 def install(ctx: Context, policy: BudgetPolicy) -> None:
-    """Register the ``agent/turn-stopping`` handler on ``ctx`` (undone with its scope)."""
+    """Register the plugin's handlers on ``ctx`` (undone with its scope)."""
+    if policy.max_cost_per_turn is not None and not ctx.config.section("prices"):
+        log.warning(
+            "budget: max_cost_per_turn is set but the config has no [prices] table, so no "
+            "call has a cost and the limit never applies"
+        )
+    if policy.scope == "tree":
+        TreeBudget(ctx, policy).install()
+        return
 
     def on_stopping(event: AgentTurnStopping) -> Stop | None:
         limit = policy.exceeded(event)
@@ -119,6 +165,8 @@ def budget(
     max_tool_calls_per_turn: int | None = None,
     max_tokens_per_turn: int | None = None,
     max_turn_seconds: float | None = None,
+    max_cost_per_turn: float | None = None,
+    scope: Literal["turn", "tree"] | None = None,
 ) -> Plugin:
     """A plugin enforcing ``policy``, fields overridden by the keyword arguments given.
 
@@ -132,6 +180,8 @@ def budget(
             ("max_tool_calls_per_turn", max_tool_calls_per_turn),
             ("max_tokens_per_turn", max_tokens_per_turn),
             ("max_turn_seconds", max_turn_seconds),
+            ("max_cost_per_turn", max_cost_per_turn),
+            ("scope", scope),
         )
         if value is not None
     }
