@@ -25,7 +25,7 @@ Layering (``tests/test_layering.py`` enforces it; a module imports its own layer
                                          request; publication to quiescence; approvals
     services    _services _session _llm _tools _settings _persistence _config _output _inputs
                                          the services record handed down; log, models, tools
-    bus         _bus _schema
+    bus         _bus _schema _limits _progress   events; schemas; shared call limits; progress
     values      _log _events _model _json _errors _http _util
     llm/        the adapters, over values only; plugins/ use the public modules only
 

@@ -166,7 +166,7 @@ def _named_route(
     name: str, model: str | None, config: Config, environ: Mapping[str, str]
 ) -> Route:
     """The route for a provider named by a flag or by a configured agent."""
-    if name in config.providers:
+    if name in config.providers and config.providers[name].has_adapter:
         chosen = model or config.providers[name].model
         if not chosen:
             raise CliError(
@@ -200,8 +200,9 @@ def choose_route(
             return attrs.evolve(
                 route, max_tokens=agent.max_tokens, reasoning_effort=agent.reasoning_effort
             )
-    if config.providers:
-        return _named_route(next(iter(config.providers)), model, config, environ)
+    served = [name for name, p in config.providers.items() if p.has_adapter]
+    if served:
+        return _named_route(served[0], model, config, environ)
     for env in ENV_PROVIDERS:
         if environ.get(env.key_var):
             return _env_route(env, model, environ)

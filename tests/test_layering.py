@@ -44,7 +44,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "_services", "_session", "_llm", "_tools", "_settings", "_persistence", "_config",
         "_output", "_inputs",
     }),
-    ("bus", {"_bus", "_schema"}),
+    ("bus", {"_bus", "_schema", "_limits", "_progress"}),
     ("values", {"_log", "_events", "_model", "_json", "_errors", "_http", "_util"}),
 ]
 LLM = "llm"  # the adapters: beside the core, over values only
