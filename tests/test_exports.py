@@ -58,6 +58,8 @@ EXPECTED = {
         "AgentTurnEnd", "AgentTurnStopping", "LlmStream", "ToolPreExecute", "ToolApproval",
         "ToolExecute", "ToolPostExecute", "ToolResultEvent", "Reject", "Replace", "Stop",
         "Retry", "Deny", "Ask", "Allow",
+        # control for services: compaction hooks, tool progress
+        "HistoryCompacting", "HistoryCompacted", "ToolProgress",
     },
 }
 
