@@ -87,6 +87,7 @@ from ._persistence import SessionInfo as SessionInfo
 from ._persistence import SessionPersistence as SessionPersistence
 from ._persistence import StoredSession as StoredSession
 from ._plugin import Plugin as Plugin
+from ._progress import report_progress as report_progress
 from ._run import Run as Run
 from ._run import RunResult as RunResult
 from ._runtime import open_runtime as open_runtime
@@ -109,6 +110,7 @@ __all__ = [
     "open_agent",
     "open_runtime",
     "tool",
+    "report_progress",
     "Context",
     "Config",
     "AgentConfig",
