@@ -119,6 +119,7 @@ OTHERS = [
     (["bench_sqlite.py", "{tmp}"], "load: one session"),
     (["bench_postgres.py"], "postgres (batched, one thread)"),
     (["bench_otel.py", "--quick"], "otel plugin, no SDK configured"),
+    (["bench_progress.py", "--quick"], "reports read"),
 ]
 
 
