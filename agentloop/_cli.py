@@ -47,6 +47,7 @@ from agentloop import (
     Config,
     Context,
     ProviderConfig,
+    Run,
     SessionEvent,
     SessionNotFound,
     StoredSession,
@@ -55,7 +56,7 @@ from agentloop import (
     load_config,
     open_runtime,
 )
-from agentloop.events import McpServerFailed, PluginFailed
+from agentloop.events import McpServerFailed, PluginFailed, ToolProgress
 
 from ._cli_render import context_window, last_context_use, status_line
 
@@ -410,6 +411,32 @@ class Printer:
         self._reasoning_hidden = 0
         self._thought: list[str] = []
         self.last_reasoning = ""
+        self._progress_open = False  # a progress line is drawn on err, to be overwritten
+        self._progress_shown: tuple[str, float] = ("", -1e9)
+
+    def progress(self, e: ToolProgress) -> None:
+        """A running tool's progress: on a terminal one line, redrawn in place; elsewhere
+        a line when the message changes, at most one a second (the latest is never lost for
+        long: the tool's result follows)."""
+        line = progress_line(e)
+        try:
+            if _isatty(self.err) and not self._text_open and not self._reasoning_open:
+                self.err.write("\r\x1b[2K" + self.dim(_one_line(line, 200)))
+                self.err.flush()
+                self._progress_open = True
+                return
+            now = trio.current_time()
+            last, at = self._progress_shown
+            if line != last and now - at >= 1.0:
+                self._progress_shown = (line, now)
+                self.note(line)
+        except OSError:
+            self.broken = True
+
+    def _clear_progress(self) -> None:
+        if self._progress_open:
+            self._progress_open = False
+            self.err.write("\r\x1b[2K")
 
     def show(self, e: SessionEvent) -> None:
         """Render ``e``; a closed stdout (``| head``) only stops the text, never the turn."""
@@ -458,7 +485,9 @@ class Printer:
                 self.note("[stopped at the max-tokens limit]")
 
     def finish(self) -> None:
-        """End an open line of text or reasoning."""
+        """End an open line of text or reasoning (and clear a progress line)."""
+        with contextlib.suppress(OSError):
+            self._clear_progress()
         self._end_reasoning()
         if self._text_open:
             self._text_open = False
@@ -481,6 +510,7 @@ class Printer:
     def _write(self, stream: TextIO, text: str) -> None:
         if self.broken and stream is self.out:
             return
+        self._clear_progress()
         stream.write(text)
         stream.flush()
 
@@ -678,6 +708,17 @@ async def _refuse_approval(agent: Agent, event: SessionEvent) -> None:
     agent.deny(event.data["call_id"], reason)
 
 
+def progress_line(e: ToolProgress) -> str:
+    """``[progress] message (42%)``: what the chat shows of a running tool's progress."""
+    done = "" if e.fraction is None else f" ({e.fraction:.0%})"
+    return f"[progress] {e.message}{done}"
+
+
+async def _show_progress(run: Run, printer: Printer) -> None:
+    async for event in run.progress():
+        printer.progress(event)
+
+
 async def _show_turn(
     agent: Agent, content: str, printer: Printer, interrupts: _Interrupts, approve: Approver,
     base_url: str | None = None,
@@ -687,13 +728,15 @@ async def _show_turn(
     interrupts.agent = agent
     usage: Mapping[str, Any] | None = None
     try:
-        async with agent.run(content) as run:
+        async with agent.run(content) as run, trio.open_nursery() as nursery:
+            nursery.start_soon(_show_progress, run, printer)
             async for event in run.events():
                 printer.show(event)
                 if event.type == "tool/approval-requested":
                     await approve(agent, event)
                 elif event.type == "turn/end" and isinstance(event.data.get("usage"), Mapping):
                     usage = event.data["usage"]
+            nursery.cancel_scope.cancel()
         printer.finish()
         try:
             result = await run.result()

@@ -263,3 +263,43 @@ async def test_a_trailing_report_goes_out_when_the_pace_allows(
         start = at[0][1]
         assert [m for m, _ in at] == [f"n{i}" for i in range(BURST)] + [f"n{BURST + 2}"]
         assert at[-1][1] - start == pytest.approx(1 / RATE, abs=1e-6)
+
+
+async def test_the_line_printer_shows_progress_once_a_second_at_most(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    import io
+
+    from agentloop._cli import Printer
+
+    out, err = io.StringIO(), io.StringIO()
+    printer = Printer(out, err)
+    printer.progress(ToolProgress("s", "c1", "reading", 0.1))
+    printer.progress(ToolProgress("s", "c1", "reading more", 0.2))  # within the second
+    await trio.sleep(1)
+    printer.progress(ToolProgress("s", "c1", "reading more", 0.5))
+    printer.progress(ToolProgress("s", "c1", "writing", None))
+    assert err.getvalue().splitlines() == [
+        "[progress] reading (10%)", "[progress] reading more (50%)"
+    ]
+    assert out.getvalue() == ""
+
+
+async def test_the_terminal_printer_redraws_one_progress_line() -> None:
+    import io
+
+    from agentloop._cli import Printer
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out, err = Tty(), Tty()
+    printer = Printer(out, err)
+    printer.color = False
+    printer.progress(ToolProgress("s", "c1", "one", 0.5))
+    printer.progress(ToolProgress("s", "c1", "two", 1.0))
+    printer.note("[tool] done")
+    assert err.getvalue() == (
+        "\r\x1b[2K[progress] one (50%)\r\x1b[2K[progress] two (100%)\r\x1b[2K[tool] done\n"
+    )
