@@ -267,3 +267,76 @@ async def test_a_cancel_while_queued_ends_the_turn_and_leaks_no_slot() -> None:
             assert started == ["a", "c", "b"]
             assert "queued_seconds" not in of_type(b, "request/header")[-1].data
             assert of_type(c, "request/header")[0].data["queued_seconds"] >= 0
+
+
+async def test_many_agents_of_uneven_calls_are_served_first_come_first_served(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Twenty agents, three slots, calls of uneven length: whoever started waiting earlier
+    # starts its call no later (FIFO), and every agent finishes all its calls.
+    durations = [0.5 + (i * 7 % 5) * 0.3 for i in range(20)]
+    starts: list[tuple[str, float]] = []
+
+    async def fn(request: LLMRequest) -> AsyncIterator[Any]:
+        who = request.session_id or ""
+        starts.append((who, trio.current_time()))
+        await trio.sleep(durations[int(who[1:])])
+        done = sum(1 for m in request.messages if m.role == "assistant")
+        if done < 3:
+            yield ToolCallDelta(0, id=f"c{done}", name="noop", arguments="{}")
+            yield Finish("tool_calls")
+        else:
+            yield TextDelta("done")
+            yield Finish("stop")
+
+    recorder = Recorder()
+    recorder.model = FunctionModel(fn)
+    agents = await run_agents(limited(max_concurrent_calls=3), recorder, [
+        f"a{i}" for i in range(20)
+    ])
+    calls: list[tuple[float, float]] = []  # (started waiting, started)
+    for agent in agents:
+        mine = [t for who, t in starts if who == agent.id]
+        headers = of_type(agent, "request/header")
+        assert len(mine) == len(headers) == 4
+        for started, header in zip(mine, headers, strict=True):
+            calls.append((started - header.data.get("queued_seconds", 0.0), started))
+    for waited_a, started_a in calls:
+        for waited_b, started_b in calls:
+            if waited_a < waited_b - 1e-9:
+                assert started_a <= started_b + 1e-9
+    assert max(started - waited for waited, started in calls) < 10
+
+
+async def test_a_waiter_granted_and_cancelled_in_one_tick_hands_the_slot_on() -> None:
+    from agentloop._limits import CallLimits, Limit
+
+    limits = CallLimits({("p", None): Limit(max_concurrent_calls=1)})
+    release_first, _ = await limits.acquire("p", "m")
+    order: list[str] = []
+    scope = trio.CancelScope()
+
+    async def wait(name: str, cancel: trio.CancelScope | None = None) -> None:
+        with cancel if cancel is not None else trio.CancelScope():
+            release, queued = await limits.acquire("p", "m")
+            try:
+                # As a model call does: the slot is held in a try/finally from here on.
+                await trio.lowlevel.checkpoint()
+                order.append(name)
+                assert queued is not None
+            finally:
+                release()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait, "cancelled", scope)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(wait, "next")
+        await trio.testing.wait_all_tasks_blocked()
+        # The slot goes to the first waiter, which is cancelled before it can use it.
+        release_first()
+        scope.cancel()
+    assert order == ["next"]
+    # Nothing is held: a fresh call goes straight through.
+    release, queued = await limits.acquire("p", "m")
+    assert queued is None
+    release()
