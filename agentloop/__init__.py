@@ -26,7 +26,9 @@ Layering (``tests/test_layering.py`` enforces it; a module imports its own layer
     services    _services _session _llm _tools _settings _persistence _config _output _inputs
                 _tail                    the services record handed down; log, models, tools;
                                          tails of a session's events
-    bus         _bus _schema _pydantic
+    bus         _bus _schema _pydantic _limits _progress
+                                         events; schemas; pydantic models; shared call
+                                         limits; tool progress
     values      _log _events _model _json _errors _http _util _prices
     llm/        the adapters, over values only; plugins/ use the public modules only
 
@@ -88,6 +90,7 @@ from ._persistence import SessionInfo as SessionInfo
 from ._persistence import SessionPersistence as SessionPersistence
 from ._persistence import StoredSession as StoredSession
 from ._plugin import Plugin as Plugin
+from ._progress import report_progress as report_progress
 from ._run import Run as Run
 from ._run import RunResult as RunResult
 from ._runtime import open_runtime as open_runtime
@@ -110,6 +113,7 @@ __all__ = [
     "open_agent",
     "open_runtime",
     "tool",
+    "report_progress",
     "Context",
     "Config",
     "AgentConfig",

@@ -47,6 +47,7 @@ from agentloop import (
     Config,
     Context,
     ProviderConfig,
+    Run,
     SessionEvent,
     SessionNotFound,
     StoredSession,
@@ -55,7 +56,7 @@ from agentloop import (
     load_config,
     open_runtime,
 )
-from agentloop.events import McpServerFailed, PluginFailed
+from agentloop.events import McpServerFailed, PluginFailed, ToolProgress
 
 from ._cli_render import context_window, last_context_use, status_line
 
@@ -166,7 +167,7 @@ def _named_route(
     name: str, model: str | None, config: Config, environ: Mapping[str, str]
 ) -> Route:
     """The route for a provider named by a flag or by a configured agent."""
-    if name in config.providers:
+    if name in config.providers and config.providers[name].has_adapter:
         chosen = model or config.providers[name].model
         if not chosen:
             raise CliError(
@@ -200,8 +201,9 @@ def choose_route(
             return attrs.evolve(
                 route, max_tokens=agent.max_tokens, reasoning_effort=agent.reasoning_effort
             )
-    if config.providers:
-        return _named_route(next(iter(config.providers)), model, config, environ)
+    served = [name for name, p in config.providers.items() if p.has_adapter]
+    if served:
+        return _named_route(served[0], model, config, environ)
     for env in ENV_PROVIDERS:
         if environ.get(env.key_var):
             return _env_route(env, model, environ)
@@ -409,6 +411,32 @@ class Printer:
         self._reasoning_hidden = 0
         self._thought: list[str] = []
         self.last_reasoning = ""
+        self._progress_open = False  # a progress line is drawn on err, to be overwritten
+        self._progress_shown: tuple[str, float] = ("", -1e9)
+
+    def progress(self, e: ToolProgress) -> None:
+        """A running tool's progress: on a terminal one line, redrawn in place; elsewhere
+        a line when the message changes, at most one a second (the latest is never lost for
+        long: the tool's result follows)."""
+        line = progress_line(e)
+        try:
+            if _isatty(self.err) and not self._text_open and not self._reasoning_open:
+                self.err.write("\r\x1b[2K" + self.dim(_one_line(line, 200)))
+                self.err.flush()
+                self._progress_open = True
+                return
+            now = trio.current_time()
+            last, at = self._progress_shown
+            if line != last and now - at >= 1.0:
+                self._progress_shown = (line, now)
+                self.note(line)
+        except OSError:
+            self.broken = True
+
+    def _clear_progress(self) -> None:
+        if self._progress_open:
+            self._progress_open = False
+            self.err.write("\r\x1b[2K")
 
     def show(self, e: SessionEvent) -> None:
         """Render ``e``; a closed stdout (``| head``) only stops the text, never the turn."""
@@ -457,7 +485,9 @@ class Printer:
                 self.note("[stopped at the max-tokens limit]")
 
     def finish(self) -> None:
-        """End an open line of text or reasoning."""
+        """End an open line of text or reasoning (and clear a progress line)."""
+        with contextlib.suppress(OSError):
+            self._clear_progress()
         self._end_reasoning()
         if self._text_open:
             self._text_open = False
@@ -480,6 +510,7 @@ class Printer:
     def _write(self, stream: TextIO, text: str) -> None:
         if self.broken and stream is self.out:
             return
+        self._clear_progress()
         stream.write(text)
         stream.flush()
 
@@ -677,6 +708,17 @@ async def _refuse_approval(agent: Agent, event: SessionEvent) -> None:
     agent.deny(event.data["call_id"], reason)
 
 
+def progress_line(e: ToolProgress) -> str:
+    """``[progress] message (42%)``: what the chat shows of a running tool's progress."""
+    done = "" if e.fraction is None else f" ({e.fraction:.0%})"
+    return f"[progress] {e.message}{done}"
+
+
+async def _show_progress(run: Run, printer: Printer) -> None:
+    async for event in run.progress():
+        printer.progress(event)
+
+
 async def _show_turn(
     agent: Agent, content: str, printer: Printer, interrupts: _Interrupts, approve: Approver,
     base_url: str | None = None,
@@ -686,13 +728,15 @@ async def _show_turn(
     interrupts.agent = agent
     usage: Mapping[str, Any] | None = None
     try:
-        async with agent.run(content) as run:
+        async with agent.run(content) as run, trio.open_nursery() as nursery:
+            nursery.start_soon(_show_progress, run, printer)
             async for event in run.events():
                 printer.show(event)
                 if event.type == "tool/approval-requested":
                     await approve(agent, event)
                 elif event.type == "turn/end" and isinstance(event.data.get("usage"), Mapping):
                     usage = event.data["usage"]
+            nursery.cancel_scope.cancel()
         printer.finish()
         try:
             result = await run.result()

@@ -31,6 +31,7 @@ import trio
 from agentloop import (
     SessionEvent,
 )
+from agentloop.events import ToolProgress
 
 from ._cli import (
     EXIT_INTERRUPTED,
@@ -47,6 +48,7 @@ from ._cli import (
     _restore_terminal,
     _runtime,
     _terminal_state,
+    progress_line,
 )
 from ._cli_render import (
     LiveDraw,
@@ -94,6 +96,7 @@ class _Screen:
                                          daemon=True)
         self.prompt = "> "
         self.status = ""
+        self.progress = ""  # the latest progress of a running tool, beside the status
         self.busy = False
         self.talking = False  # until the first prompt, Ctrl-C aborts the start (local model)
         self.interrupt: Callable[[], None] = lambda: None
@@ -284,7 +287,8 @@ class _Screen:
         return self._drawing
 
     def _toolbar(self) -> str:
-        return f" {self.status}"
+        # The progress first: a long status is cut at the terminal's edge.
+        return f" {self.progress} · {self.status}" if self.progress else f" {self.status}"
 
     def _keys(self) -> Any:
         from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
@@ -385,7 +389,15 @@ class _ScreenPrinter(Printer):
             line = f"thinking… ({len(text):,} characters, /think to show)"
         self.screen.update(self.dim(line) + "\n", self._live())
 
+    def progress(self, e: ToolProgress) -> None:
+        # The status bar's line, redrawn in place: a flood of reports never scrolls.
+        self.screen.progress = progress_line(e)
+        self.screen.refresh()
+
     def finish(self) -> None:
+        if self.screen.progress:
+            self.screen.progress = ""
+            self.screen.refresh()
         self._end_reasoning()
         rest = self._blocks.finish()
         text = self._render(rest) if rest is not None else ""

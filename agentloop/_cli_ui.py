@@ -8,7 +8,8 @@ page is built on a JSON API that scripts may use too:
 - ``GET /api/sessions``: the sessions, each with its ``parent`` (sub-agents) and whether it is
   live here;
 - ``GET /api/sessions/{id}``: its log, messages with their markdown rendered to safe HTML;
-- ``GET /api/sessions/{id}/stream``: the log as server-sent events, then live;
+- ``GET /api/sessions/{id}/stream``: the log as server-sent events (``log``), then live, with
+  the progress of its running tools (``progress``: ``call_id``, ``message``, ``fraction``);
 - ``POST /api/sessions/{id}/messages`` ``{"content": ...}``: a follow-up;
 - ``POST /api/sessions/{id}/approvals/{call_id}`` ``{"approve": true}`` or
   ``{"approve": false, "reason": ...}``;
@@ -33,7 +34,7 @@ import trio
 
 import agentloop
 from agentloop import AgentHandle, AgentOptions, Context, SessionEvent
-from agentloop.events import SessionEventAppended
+from agentloop.events import SessionEventAppended, ToolProgress
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -238,7 +239,7 @@ class Inspector:
         return {"seq": event.seq, "type": event.type, "turn": event.turn, "data": data}
 
     async def _stream(self, session_id: str, after: int, receive: Receive, send: Send) -> None:
-        async with self._ctx.events.subscribe(SessionEventAppended) as rx:
+        async with self._ctx.events.subscribe(SessionEventAppended, ToolProgress) as rx:
             # Subscribed first: whatever is appended after this read is in the channel, and
             # the seqs keep each event to one delivery.
             events, _ = await self._events(session_id)
@@ -271,7 +272,10 @@ class Inspector:
                             batch.append(rx.receive_nowait())
                         except trio.WouldBlock:
                             break
-                    await write([a.event for a in batch if a.session_id == session_id])
+                    await write([a.event for a in batch if isinstance(a, SessionEventAppended)
+                                 and a.session_id == session_id])
+                    await send_progress(send, [p for p in batch if isinstance(p, ToolProgress)
+                                               and p.agent_id == session_id])
 
     # --- driving -----------------------------------------------------------------------------
 
@@ -413,6 +417,19 @@ async def agui_run(
 
 
 # --- ASGI helpers ------------------------------------------------------------------------------
+
+
+async def send_progress(send: Send, batch: list[ToolProgress]) -> None:
+    """A tool's progress as ``progress`` server-sent events: the latest of each call in the
+    batch (progress is never logged, so it carries no seq and is not replayed)."""
+    latest = {p.call_id: p for p in batch}
+    if latest:
+        await send({"type": "http.response.body", "more_body": True, "body": "".join(
+            "event: progress\ndata: " + json.dumps(
+                {"call_id": p.call_id, "message": p.message, "fraction": p.fraction}
+            ) + "\n\n"
+            for p in latest.values()
+        ).encode()})
 
 
 async def _until_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
@@ -584,6 +601,7 @@ details.reasoning { color:var(--dim); margin:4px 0; }
 .tool.error { border-left-color:var(--err); }
 .tool .name { font-weight:600; }
 .tool .result.error { color:var(--err); }
+.tool .progress { display:flex; gap:8px; align-items:center; font-size:90%; }
 .approval { border:1px solid #f08c00; background:#fff9db; padding:6px 10px; border-radius:6px;
             margin:6px 0; }
 .approval button { margin-left:8px; }
@@ -729,6 +747,8 @@ function apply(e) {
     if (a) a.replaceChildren(el("span", "", said));
   } else if (e.type === "tool/result") {
     const t = view.tools[d.call_id] || view.log;
+    const p = t.querySelector && t.querySelector(".progress");
+    if (p) p.remove();
     const r = el("pre", "result" + (d.is_error ? " error" : ""), show(d.content));
     t.append(r);
     if (d.is_error && t.classList) t.classList.add("error");
@@ -748,6 +768,21 @@ function apply(e) {
   $("status").textContent = view.running ? "running" : "idle";
   view.log.scrollTop = view.log.scrollHeight;
 }
+function progress(p) {
+  // A running tool's latest progress, in place under its call; gone once its result is in.
+  const t = view.tools[p.call_id];
+  if (!t || t.querySelector(".result")) return;
+  let box = t.querySelector(".progress");
+  if (!box) {
+    box = el("div", "progress");
+    box.append(el("progress"), el("span", "message"));
+    t.append(box);
+  }
+  const bar = box.querySelector("progress");
+  if (p.fraction === null) bar.removeAttribute("value"); else bar.value = p.fraction;
+  box.querySelector(".message").textContent = p.message +
+    (p.fraction === null ? "" : " (" + Math.round(p.fraction * 100) + "%)");
+}
 async function answer(callId, approve, box) {
   try {
     await api("POST", "/api/sessions/" + encodeURIComponent(current) + "/approvals/" +
@@ -765,6 +800,7 @@ function open(id) {
   loadSessions();
   source = new EventSource("/api/sessions/" + encodeURIComponent(id) + "/stream");
   source.addEventListener("log", (m) => apply(JSON.parse(m.data)));
+  source.addEventListener("progress", (m) => progress(JSON.parse(m.data)));
   source.addEventListener("ready", () => { document.body.dataset.ready = id; loadSessions(); });
   history.replaceState(null, "", location.pathname + "#" + encodeURIComponent(id));
 }

@@ -44,6 +44,7 @@ T = TypeVar("T")
 __all__ = [
     "AgentConfig",
     "ProviderConfig",
+    "CallLimitsConfig",
     "PersistenceConfig",
     "Config",
     "load_config",
@@ -134,11 +135,32 @@ class AgentConfig:
 
 
 @attrs.frozen(kw_only=True)
-class ProviderConfig:
-    """A model provider route (TOML ``[providers.NAME]``); ``repr`` never shows the API key."""
+class CallLimitsConfig:
+    """Shared limits on the model calls of one route (TOML ``[providers.NAME.models.MODEL]``):
+    every agent of the runtime calling that provider and model counts against them."""
 
-    kind: Literal["openai", "openai-responses", "anthropic"]
-    base_url: str
+    max_concurrent_calls: int | None = None
+    max_calls_per_minute: int | None = None
+
+    def __attrs_post_init__(self) -> None:
+        _check(
+            ("max_concurrent_calls", _positive(self.max_concurrent_calls)),
+            ("max_calls_per_minute", _positive(self.max_calls_per_minute)),
+        )
+
+
+@attrs.frozen(kw_only=True)
+class ProviderConfig:
+    """A model provider route (TOML ``[providers.NAME]``); ``repr`` never shows the API key.
+
+    ``max_concurrent_calls`` and ``max_calls_per_minute`` are shared by every agent of the
+    runtime calling this provider (per runtime: each runtime of a fleet counts its own
+    calls); ``models`` holds the same limits for single models of it. A table with limits
+    and no ``kind`` and ``base_url`` limits a provider whose adapter is registered in code.
+    """
+
+    kind: Literal["openai", "openai-responses", "anthropic"] | None = None
+    base_url: str | None = None
     api_key: str | None = attrs.field(default=None, repr=False)
     api_key_env: str | None = None
     # Header values may be credentials (Azure's api-key): never in a repr.
@@ -146,15 +168,31 @@ class ProviderConfig:
     model: str | None = None
     max_tokens: int | None = None
     reasoning_effort: str | None = None
+    max_concurrent_calls: int | None = None
+    max_calls_per_minute: int | None = None
+    models: FrozenDict = attrs.field(factory=FrozenDict, converter=FrozenDict)
 
     def __attrs_post_init__(self) -> None:
+        limits_only = self.kind is None and self.base_url is None and (
+            self.max_concurrent_calls is not None or self.max_calls_per_minute is not None
+            or bool(self.models)
+        )
         _check(
-            ("base_url", _non_empty(self.base_url) or url_problem(self.base_url)),
+            ("kind", None if self.kind is not None or limits_only else "is required"),
+            ("base_url", None if limits_only else "is required" if self.base_url is None
+             else _non_empty(self.base_url) or url_problem(self.base_url)),
             ("api_key_env", _non_empty(self.api_key_env, optional=True)),
             ("reasoning_effort", _non_empty(self.reasoning_effort, optional=True)
              or self.effort_problem(self.reasoning_effort)),
             ("max_tokens", _positive(self.max_tokens)),
+            ("max_concurrent_calls", _positive(self.max_concurrent_calls)),
+            ("max_calls_per_minute", _positive(self.max_calls_per_minute)),
         )
+
+    @property
+    def has_adapter(self) -> bool:
+        """Whether this table configures an adapter (not only limits for one made in code)."""
+        return self.kind is not None
 
     def effort_problem(self, effort: str | None) -> str | None:
         """Whether this provider's adapter would refuse ``effort``: the adapters' own rule,
@@ -440,7 +478,12 @@ converter.register_structure_hook_factory(_is_table_of, _table_hook)
 converter.register_structure_hook_factory(_is_array_or_table, _array_or_table_hook)
 converter.register_structure_hook_factory(attrs.has, lambda cl: _attrs_hook(cl))
 converter.register_structure_hook(
-    ProviderConfig, _attrs_hook(ProviderConfig, headers=override(struct_hook=_mapping_of(str)))
+    ProviderConfig,
+    _attrs_hook(
+        ProviderConfig,
+        headers=override(struct_hook=_mapping_of(str)),
+        models=override(struct_hook=_mapping_of(CallLimitsConfig)),
+    ),
 )
 _structure_fields = make_dict_structure_fn(
     Config,

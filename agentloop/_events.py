@@ -83,6 +83,9 @@ __all__ = [
     "ToolExecute",
     "ToolPostExecute",
     "ToolResultEvent",
+    "HistoryCompacting",
+    "HistoryCompacted",
+    "ToolProgress",
     "ALL_EVENTS",
 ]
 
@@ -113,7 +116,8 @@ class Reject:
 
 @attrs.frozen(slots=True)
 class Replace:
-    """``agent/pre-step`` decision: ``messages`` are the complete history entering the step.
+    """``agent/pre-step`` decision: ``messages`` are the complete history entering the step;
+    ``history/compacting`` decision: ``messages`` replace the range being compacted.
 
     The replacement is durable: it is logged as ``history/replaced`` over everything the
     history held, so the step sends exactly ``messages``, later steps build on them and a
@@ -651,6 +655,68 @@ class ToolResultEvent(Event):
     agent_id: str
     call: ToolCall
     result: ToolResult
+
+
+@attrs.frozen(slots=True)
+class HistoryCompacting(Event):
+    """Before a compaction replaces what seqs ``first_seq`` to ``last_seq`` produced
+    (``messages``, about ``tokens_before`` tokens of request in all).
+
+    A waterfall over ``decision``: return :class:`Reject` to veto this compaction, or
+    :class:`Replace` to supply the replacement messages yourself (no summary call is made);
+    ``None`` keeps the decision the handlers before left. Each handler sees that decision in
+    ``event.decision``, so a later one may overrule it; what the last leaves is done. The
+    replacement must keep every tool call paired with its result, or it is refused (logged,
+    history untouched).
+    """
+
+    name: ClassVar[str] = "history/compacting"
+    kind: ClassVar[Kind] = "hook"
+    mode: ClassVar[Mode] = "waterfall"
+    waterfall_field: ClassVar[str | None] = "decision"
+    agent_id: str
+    first_seq: int
+    last_seq: int
+    messages: tuple[Message, ...]
+    tokens_before: int
+    decision: Reject | Replace | None = attrs.field(default=None)
+
+    def __attrs_post_init__(self) -> None:
+        if self.decision is not None and not isinstance(self.decision, (Reject, Replace)):
+            raise TypeError(
+                f"a history/compacting handler returned {self.decision!r}, not a Reject, a "
+                f"Replace or None"
+            )
+
+
+@attrs.frozen(slots=True)
+class HistoryCompacted(Event):
+    """A compaction replaced what seqs ``first_seq`` to ``last_seq`` produced with
+    ``summary`` (the replacement's text; the ``history/replaced`` event in the log holds its
+    messages). ``tokens_before`` and ``tokens_after`` estimate the next request's size."""
+
+    name: ClassVar[str] = "history/compacted"
+    kind: ClassVar[Kind] = "hook"
+    agent_id: str
+    first_seq: int
+    last_seq: int
+    summary: str
+    tokens_before: int
+    tokens_after: int
+
+
+@attrs.frozen(slots=True)
+class ToolProgress(Event):
+    """A running tool reported progress (``agentloop.report_progress``): ``message``, and
+    ``fraction`` done (0 to 1) when it knows. Never logged, never shown to the model. A tool
+    that reports faster than readers take them is coalesced: the latest is always delivered."""
+
+    name: ClassVar[str] = "tools/progress"
+    kind: ClassVar[Kind] = "control"
+    agent_id: str
+    call_id: str
+    message: str
+    fraction: float | None = None
 
 
 # Every event class, in definition order (the order of the generated catalog). attrs builds a

@@ -87,6 +87,9 @@ class RequestHeaderData(TypedDict, total=False):
     """This call retries a failed one of the same step: that call's ``provider``, ``model``,
     ``attempt`` (its number on that route) and ``error`` (``message``, ``status``, ``code``,
     ...). A different provider or model than this header's is a fallback to another route."""
+    queued_seconds: float
+    """How long the call waited for a slot of its provider's or route's shared limits
+    (``max_concurrent_calls``, ``max_calls_per_minute``); absent when it did not wait."""
 
 
 class HistoryReplacedData(TypedDict, total=False):
@@ -212,7 +215,7 @@ def claimed_message(message_id: str, content: Content, source: JSON) -> FrozenDi
 def request_header(
     step: int, config: FrozenDict, adapter_defaults: tuple[str, ...],
     *, messages: int | None = None, cache_prefix: int | None = None, rewritten: bool = False,
-    after_error: FrozenDict | None = None,
+    after_error: FrozenDict | None = None, queued_seconds: float | None = None,
 ) -> FrozenDict:
     fields: dict[str, JSON] = {
         "step": step,
@@ -229,6 +232,8 @@ def request_header(
         fields["rewritten"] = True
     if after_error is not None:
         fields["after_error"] = after_error
+    if queued_seconds is not None:
+        fields["queued_seconds"] = queued_seconds
     return FrozenDict(fields)
 
 

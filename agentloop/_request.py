@@ -204,7 +204,6 @@ class Requests:
         self, turn: int, step: int, planned: _Planned, config: CallConfig,
         prepared: PreparedCall, spec: OutputSpec | None, after: FrozenDict | None,
     ) -> StepOutcome:
-        session, messages = self._session, planned.messages
         system = planned.system
         if planned.templated and config is not planned.config:
             system = self._render(planned.template, config)
@@ -214,6 +213,24 @@ class Requests:
         if sent is None:
             sent = self._sent = {}
         before = sent.get(route)
+        # The slot is held from the header until the reply is folded; the wait for it shows
+        # in the header, and a cancel while waiting takes no slot.
+        release, queued = await self._services.limits.acquire(*route)
+        try:
+            return await self._send(
+                turn, step, planned, prepared, spec, after, system, before, queued
+            )
+        finally:
+            release()
+
+    async def _send(
+        self, turn: int, step: int, planned: _Planned, prepared: PreparedCall,
+        spec: OutputSpec | None, after: FrozenDict | None, system: str,
+        before: Sequence[Message] | None, queued: float | None,
+    ) -> StepOutcome:
+        session, messages = self._session, planned.messages
+        effective = prepared.config
+        route = (effective.provider, effective.model)
         session.append(
             _log.REQUEST_HEADER,
             _log.request_header(
@@ -222,10 +239,12 @@ class Requests:
                 cache_prefix=0 if before is None else session.common_prefix(before, messages),
                 rewritten=messages is not planned.history,
                 after_error=after,
+                queued_seconds=queued,
             ),
             turn,
         )
-        sent[route] = messages
+        assert self._sent is not None
+        self._sent[route] = messages
         native = spec is not None and prepared.native_output
         request = LLMRequest(
             system=system,

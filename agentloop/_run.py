@@ -23,7 +23,7 @@ from . import _log
 from ._bus import Disposer, EventBus
 from ._errors import ProviderError, TurnFailed
 from ._events import AgentDisposed as AgentGone
-from ._events import AgentStatus, AgentTurnEnd, InboxClaimed, InboxDiscarded
+from ._events import AgentStatus, AgentTurnEnd, InboxClaimed, InboxDiscarded, ToolProgress
 from ._json import FrozenDict, freeze
 from ._model import AgentOptions, MessageId, SessionEvent
 from ._output import OutputSpec, output_spec, rebuild_output
@@ -304,6 +304,7 @@ class Run(metaclass=NoPublicConstructor):
         "_message_id",
         "_output_spec",
         "_output_type",
+        "_progress",
         "_readers",
         "_source",
         "_start",
@@ -334,6 +335,7 @@ class Run(metaclass=NoPublicConstructor):
         # (until forgotten).
         self._hook: Callable[[], None] | None = None
         self._done_lot = trio.lowlevel.ParkingLot()  # result() waiters, woken once at the end
+        self._progress: list[_Progress] = []  # open progress() iterations, ended with the run
 
     def __repr__(self) -> str:
         return f"<Run {self._message_id!r} turn={self._turn!r} done={self._terminal}>"
@@ -430,6 +432,9 @@ class Run(metaclass=NoPublicConstructor):
         self._dispatch.forget(self)
         self._wake()
         self._done_lot.unpark_all()
+        progress, self._progress = self._progress, []
+        for iteration in progress:
+            iteration.end()
 
     async def _wait_terminal(self) -> None:
         self._check_entered()
@@ -467,6 +472,17 @@ class Run(metaclass=NoPublicConstructor):
         """
         self._check_entered()
         return _Events(self, "text")
+
+    def progress(self) -> AsyncIterator[ToolProgress]:
+        """The progress its tool calls report (``agentloop.report_progress``), from now until
+        the turn closes; nothing if no turn claimed the message.
+
+        Progress is not logged: what was reported before this call is not replayed. A reader
+        slower than the reports gets the latest of each call (coalesced, in the order the
+        calls last reported).
+        """
+        self._check_entered()
+        return _Progress(self)
 
     def reasoning(self) -> AsyncIterator[str]:
         """The reasoning deltas (``assistant/chunk`` of kind ``reasoning``) of the turn."""
@@ -601,6 +617,56 @@ class _Events:
             parked = True
         self._done = True
         raise StopAsyncIteration
+
+
+class _Progress:
+    """One iteration of a run's tool progress: the latest report of each call, until the
+    run ends. A bus handler fills it (progress is a control event, already paced by the
+    reporter); the reader takes the oldest pending call's latest report."""
+
+    __slots__ = ("_dispose", "_ended", "_latest", "_run", "_wake")
+
+    def __init__(self, run: Run) -> None:
+        self._run = run
+        self._latest: dict[str, ToolProgress] = {}
+        self._wake = trio.Event()
+        self._ended = run._terminal
+        self._dispose: Disposer | None = None
+        if not self._ended:
+            agent = run._agent
+            self._dispose = agent._run_bus.on(ToolProgress, self._on, agent_id=agent.id)
+            run._progress.append(self)
+
+    def _on(self, event: ToolProgress) -> None:
+        run = self._run
+        if run._turn is None or run._terminal:
+            return  # another turn's calls: this run's message is not claimed yet
+        latest = self._latest
+        latest.pop(event.call_id, None)
+        latest[event.call_id] = event
+        self._wake.set()
+
+    def end(self) -> None:
+        self._ended = True
+        if self._dispose is not None:
+            self._dispose()
+        self._wake.set()
+
+    def __aiter__(self) -> _Progress:
+        return self
+
+    async def __anext__(self) -> ToolProgress:
+        while True:
+            latest = self._latest
+            if latest:
+                await trio.lowlevel.checkpoint()
+                if latest:
+                    return latest.pop(next(iter(latest)))
+            elif self._ended:
+                raise StopAsyncIteration
+            else:
+                await self._wake.wait()
+                self._wake = trio.Event()
 
 
 def _unpark(run: Run, task: trio.lowlevel.Task, _: object) -> trio.lowlevel.Abort:

@@ -218,6 +218,8 @@ def _register_providers(root: Context, cfg: Config) -> None:
         "anthropic": AnthropicAdapter,
     }
     for name, provider in cfg.providers.items():
+        if provider.kind is None or provider.base_url is None:
+            continue  # limits only: the adapter is registered in code
         key = provider.resolve_api_key(os.environ)
         cls = kinds[provider.kind]
         try:

@@ -35,6 +35,7 @@ from ._events import (
 )
 from ._json import JSON, FrozenDict, freeze, freeze_repaired
 from ._model import ToolCall, ToolResult
+from ._progress import begin_call
 from ._schema import parse_arguments
 from ._session import Session
 from ._settings import APPROVAL_TIMEOUT, MAX_PARALLEL_TOOL_CALLS
@@ -343,6 +344,8 @@ class _Run:
             self.in_flight -= 1
             self.changed.set()
             return
+        # The body (or a handler running it) reports progress as this call.
+        progress = begin_call(bus, self.agent_id, slot.call.id)
         try:
             result: ToolResult | None = None
             if bus.has_handlers(ToolExecute):
@@ -368,6 +371,7 @@ class _Run:
                 f"Error: {type(exc).__name__}: {exc}", is_error=True, error_code="TOOL_ERROR"
             )
         finally:
+            progress.close()
             slot.finished = True
             self.in_flight -= 1
             self.changed.set()

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ._bus import Disposer, EventBus
-from ._config import Config
+from ._config import CallLimitsConfig, Config, ProviderConfig
 from ._errors import PersistenceError, RuntimeClosed
 from ._events import Event, SessionEventAppended, SessionFlush
+from ._limits import CallLimits, Limit
 from ._llm import LLMService, SystemPrompt
 from ._prices import load_prices
 from ._settings import Settings, flatten_settings
@@ -56,6 +57,17 @@ def _setting_tables(config: Config) -> dict[str, Any]:
     return tables
 
 
+def _limits_of(providers: Mapping[str, ProviderConfig]) -> dict[tuple[str, str | None], Limit]:
+    """The limits ``[providers.NAME]`` tables set, by (provider, model or ``None``)."""
+    found: dict[tuple[str, str | None], Limit] = {}
+    for name, provider in providers.items():
+        found[(name, None)] = Limit(provider.max_concurrent_calls, provider.max_calls_per_minute)
+        for model, route in provider.models.items():
+            assert isinstance(route, CallLimitsConfig)
+            found[(name, model)] = Limit(route.max_concurrent_calls, route.max_calls_per_minute)
+    return found
+
+
 class Services:
     """The services of one runtime, shared by every scope, agent and plugin in it."""
 
@@ -64,6 +76,8 @@ class Services:
         self.bus = EventBus()
         self.settings = Settings(self.bus, flatten_settings(_setting_tables(config)))
         self.llm = LLMService(self.bus)
+        # Shared by every agent of this runtime: limits are per runtime, not per fleet.
+        self.limits = CallLimits(_limits_of(config.providers))
         self.tools = ToolRegistry()
         self.prompt = SystemPrompt(config.system_prompt)
         # [prices]: read by the core, not a plugin, since every call's usage carries its cost.

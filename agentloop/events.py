@@ -22,6 +22,8 @@ from ._events import Allow as Allow
 from ._events import Ask as Ask
 from ._events import Deny as Deny
 from ._events import Event as Event
+from ._events import HistoryCompacted as HistoryCompacted
+from ._events import HistoryCompacting as HistoryCompacting
 from ._events import InboxClaimed as InboxClaimed
 from ._events import InboxDiscarded as InboxDiscarded
 from ._events import InboxInserted as InboxInserted
@@ -45,6 +47,7 @@ from ._events import ToolApproval as ToolApproval
 from ._events import ToolExecute as ToolExecute
 from ._events import ToolPostExecute as ToolPostExecute
 from ._events import ToolPreExecute as ToolPreExecute
+from ._events import ToolProgress as ToolProgress
 from ._events import ToolResultEvent as ToolResultEvent
 
 __all__ = [
@@ -84,6 +87,9 @@ __all__ = [
     "ToolExecute",
     "ToolPostExecute",
     "ToolResultEvent",
+    "HistoryCompacting",
+    "HistoryCompacted",
+    "ToolProgress",
     "Reject",
     "Replace",
     "Stop",

@@ -122,6 +122,7 @@ OTHERS = [
     (["bench_fleet.py", "--quick"], "is in exactly one log exactly once"),
     (["bench_otel.py", "--quick"], "otel plugin, no SDK configured"),
     (["bench_hibernate.py", "memory", "50", "wake", "50"], "wake (followup to model call)"),
+    (["bench_progress.py", "--quick"], "reports read"),
 ]
 
 

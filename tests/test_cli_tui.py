@@ -319,6 +319,50 @@ def test_tool_calls_are_compact_lines_and_approvals_are_asked_at_the_prompt(
     assert screen.wait() == 0
 
 
+PROGRESS_PLUGIN = """
+import pathlib
+
+import trio
+
+import agentloop
+
+
+async def plugin(ctx, *, task_status=None):
+    @ctx.tools.tool()
+    async def crunch() -> str:
+        \"\"\"Crunch the numbers.\"\"\"
+        agentloop.report_progress("crunching", fraction=0.5)
+        # Holds until the test has seen the progress: it writes to this FIFO.
+        gate = pathlib.Path(__file__).with_name("gate.fifo")
+        await trio.to_thread.run_sync(gate.read_text)
+        return "crunched"
+
+    if task_status is not None:
+        task_status.started()
+"""
+
+
+def test_a_tools_progress_shows_in_the_status_bar_until_the_turn_ends(
+    open_chat: Callable[..., Screen], fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    (tmp_path / "agentloop_clitest_progress.py").write_text(PROGRESS_PLUGIN)
+    gate = tmp_path / "gate.fifo"
+    os.mkfifo(gate)
+    fake.replies += [Reply(chunks=["Crunching."], tool=("crunch", {})), Reply(chunks=["Done."])]
+    screen = open_chat("--no-persist", plugins=["clitest_progress"])
+    screen.expect("(not stored)")
+    screen.type("crunch\r")
+    screen.until(lambda: "[progress] crunching (50%)" in screen.bottom(), "the progress")
+    # Never printed among the conversation's lines: only the status bar shows it.
+    assert "[progress]" not in "\n".join(screen.lines()[:-1])
+    gate.write_text("go")
+    screen.expect("Done.")
+    screen.until(lambda: " · idle · " in screen.bottom(), "the idle status")
+    assert "[progress]" not in screen.text()
+    screen.type(CTRL_D)
+    assert screen.wait() == 0
+
+
 SLOW_START_PLUGIN = """
 import sys
 

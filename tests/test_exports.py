@@ -9,6 +9,7 @@ import agentloop.testing.strategies
 EXPECTED = {
     agentloop: {
         "open_agent", "tool", "open_runtime", "Context", "Config", "AgentConfig", "ProviderConfig",
+        "report_progress",
         "PersistenceConfig", "Agent", "AgentHandle", "AgentOptions", "Inbox", "InboxMessage",
         "MessageId", "Session", "SessionEvent", "Message", "ToolCall", "CallConfig", "Tool",
         "ToolSpec", "ToolResult", "truncate_content", "FrozenDict", "Disposer", "Lagged",
@@ -61,6 +62,8 @@ EXPECTED = {
         "AgentTurnEnd", "AgentTurnStopping", "LlmStream", "ToolPreExecute", "ToolApproval",
         "ToolExecute", "ToolPostExecute", "ToolResultEvent", "Reject", "Replace", "Stop",
         "Retry", "Deny", "Ask", "Allow",
+        # control for services: compaction hooks, tool progress
+        "HistoryCompacting", "HistoryCompacted", "ToolProgress",
     },
 }
 

@@ -213,3 +213,56 @@ async def test_a_script_tag_in_a_session_is_shown_as_text(browser: Any, tmp_path
                 assert "403" in browser.find_element(By.TAG_NAME, "body").text
 
             await off_loop(check)
+
+
+async def test_a_running_tools_progress_shows_under_its_call(
+    browser: Any, tmp_path: Path
+) -> None:
+    release = trio.Event()
+    reported = trio.Event()
+
+    async def fn(request: Any) -> AsyncIterator[Any]:
+        if request.messages[-1].role == "user":
+            yield ToolCallDelta(0, id="p1", name="crunch", arguments="{}")
+            yield Finish("tool_calls")
+        else:
+            yield TextDelta("Crunched.")
+            yield Finish("stop")
+
+    async with served(tmp_path) as s:
+        s.rt.llm.register("scripted", FunctionModel(fn))
+
+        @s.rt.tools.tool
+        async def crunch() -> str:
+            """Crunch the numbers."""
+            agentloop.report_progress("crunching", fraction=0.25)
+            agentloop.report_progress("almost there", fraction=0.75)
+            reported.set()
+            await release.wait()
+            return "crunched"
+
+        handle = await s.rt.agents.create(session_id="busy", agent_options=OPTIONS)
+        async with handle:
+            await open_page(browser, s, "busy")
+            handle.agent.followup("crunch")
+            with trio.fail_after(WAIT):
+                await reported.wait()
+
+            def progress_shown() -> None:
+                wait_for(browser, lambda d: "almost there (75%)" in text_of(
+                    d, "#tool-p1 .progress"), "the tool's progress")
+                bar = browser.find_element(By.CSS_SELECTOR, "#tool-p1 .progress progress")
+                assert float(bar.get_attribute("value")) == 0.75
+
+            await off_loop(progress_shown)
+            release.set()
+
+            def done() -> None:
+                wait_for(browser, lambda d: "turn 1 completed" in text_of(d, ".turn.end"),
+                         "the turn's end")
+                assert "crunched" in text_of(browser, "#tool-p1 .result")
+                assert browser.find_elements(By.CSS_SELECTOR, "#tool-p1 .progress") == []
+
+            await off_loop(done)
+            # Shown live, never logged.
+            assert not any("almost there" in str(e.data) for e in handle.agent.session.events)

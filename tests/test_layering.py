@@ -45,7 +45,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "_tail",
         "_output", "_inputs",
     }),
-    ("bus", {"_bus", "_schema", "_pydantic"}),
+    ("bus", {"_bus", "_schema", "_pydantic", "_limits", "_progress"}),
     ("values", {"_log", "_events", "_model", "_json", "_errors", "_http", "_util", "_prices"}),
 ]
 LLM = "llm"  # the adapters: beside the core, over values only

@@ -13,6 +13,12 @@ and replaced by that summary with ``session.replace_history`` (``history/replace
 The summary call runs inside the turn, so cancelling the turn cancels it; a failed summary
 leaves the history untouched and logs an error (``agentloop.compact``).
 
+Before it compacts, the plugin emits ``history/compacting`` (:class:`agentloop.events.
+HistoryCompacting`, with the messages it would replace): a handler returns ``Reject(reason)``
+to veto it, or ``Replace(messages)`` to supply the replacement instead of the summary call.
+After, ``history/compacted`` (:class:`agentloop.events.HistoryCompacted`) reports the seqs
+replaced, the summary and the estimated tokens before and after, for an audit trail.
+
 The budget is ``max_context_tokens`` minus room for the reply (the agent's ``max_tokens``, else
 a quarter of the context). Without ``max_context_tokens`` the plugin reads the
 ``context_tokens`` attribute of the adapter serving the agent's provider (the local model
@@ -50,7 +56,7 @@ from agentloop import (
     Plugin,
     ProviderError,
 )
-from agentloop.events import AgentPreStep
+from agentloop.events import AgentPreStep, HistoryCompacted, HistoryCompacting, Reject, Replace
 from agentloop.llm import Finish, LLMRequest, TextDelta
 
 __all__ = [
@@ -288,22 +294,37 @@ async def compact_now(ctx: Context, policy: CompactPolicy, agent: Agent) -> bool
         return False
     session = agent.session
     older = list(session.messages()[:cut])
-    try:
-        summary, usage = await _summarise(ctx, policy, agent, older, context or 8192)
-    except Exception as exc:  # noqa: BLE001 - any failure leaves the history as it was
-        log.error("agent %s: compacting %d messages failed; history left as it was: %r",
-                  agent.id, len(older), exc)
+    last_seq = session.seq_of(cut) - 1
+    before = estimate_tokens(agent)
+    decision = await ctx.events.emit(
+        HistoryCompacting(agent.id, 1, last_seq, tuple(older), before)
+    )
+    if isinstance(decision, Reject):
+        log.info("agent %s: compaction vetoed by a history/compacting handler: %s",
+                 agent.id, decision.reason)
         return False
+    usage: FrozenDict | None = None
+    if isinstance(decision, Replace):
+        replacement = list(decision.messages)
+        summary = "\n".join(m.text for m in replacement)
+    else:
+        try:
+            summary, usage = await _summarise(ctx, policy, agent, older, context or 8192)
+        except Exception as exc:  # noqa: BLE001 - any failure leaves the history as it was
+            log.error("agent %s: compacting %d messages failed; history left as it was: %r",
+                      agent.id, len(older), exc)
+            return False
+        replacement = [Message("user", SUMMARY_PREFIX + summary)]
     try:
-        session.replace_history(
-            1, session.seq_of(cut) - 1, [Message("user", SUMMARY_PREFIX + summary)],
-            reason="compaction", usage=usage,
-        )
+        session.replace_history(1, last_seq, replacement, reason="compaction", usage=usage)
     except InvalidContent as exc:
         log.error("agent %s: the compacted history was refused: %s", agent.id, exc)
         return False
     log.info("agent %s: compacted %d messages into a summary of %d characters",
              agent.id, len(older), len(summary))
+    await ctx.events.emit(
+        HistoryCompacted(agent.id, 1, last_seq, summary, before, estimate_tokens(agent))
+    )
     return True
 
 
