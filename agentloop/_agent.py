@@ -60,6 +60,7 @@ from ._scheduler import (
     result_data,
     run_suspended_calls,
     run_tool_calls,
+    with_tool_tasks,
 )
 from ._session import Continuation, Session, continue_crashed_turn, interrupted_by_crash
 from ._settings import APPROVAL_TIMEOUT, MAX_STEPS_PER_TURN
@@ -599,9 +600,9 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                     turn.output = spec
         try:
             with scope:
-                turn.reason = await self._run_turn(
+                turn.reason = await with_tool_tasks(self._runner, lambda: self._run_turn(
                     turn, claimed, resuming=resuming, going_on=going_on
-                )
+                ))
         except Exception as exc:  # noqa: BLE001 - a failing hook ends the turn, not the loop
             turn.reason, turn.error = "error", exc
             log.warning("agent %s: turn %d failed: %r", self.id, turn.number, exc)
