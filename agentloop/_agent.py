@@ -523,9 +523,13 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             if self._status != "running":
                 try:
                     # Suspended approvals with an approval_timeout: wake when the first
-                    # runs out, to answer it.
-                    with trio.move_on_at(self._approval_deadline()):
+                    # runs out, to answer it. Without one, an idle actor holds no scope.
+                    deadline = self._approval_deadline()
+                    if deadline == math.inf:
                         await turns.receive()
+                    else:
+                        with trio.move_on_at(deadline):
+                            await turns.receive()
                 except (trio.EndOfChannel, trio.ClosedResourceError):
                     return  # disposal closed the inbox
                 if not self._running() and self._expire_approvals():
