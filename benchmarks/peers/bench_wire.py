@@ -232,11 +232,15 @@ async def langgraph(url: str, steps: int, runs: int) -> list[float]:
     limit = {"recursion_limit": 2 * steps + 5}
 
     async def turn() -> None:
-        last = None
+        tools, text = 0, []
         async for chunk, _meta in graph.astream({"messages": [("user", "go")]}, limit,
                                                 stream_mode="messages"):
-            last = chunk
-        assert last is not None
+            if chunk.type == "tool":
+                tools, text = tools + 1, []
+            elif isinstance(chunk.content, str):
+                text.append(chunk.content)
+        assert tools == steps - 1, tools
+        assert "".join(text) == TEXT, text
 
     return await measure(turn, steps, runs)
 
@@ -260,11 +264,13 @@ async def autogen(url: str, steps: int, runs: int) -> list[float]:
     async def turn() -> None:
         agent = AssistantAgent("bench", client, tools=[noop], model_client_stream=True,
                                reflect_on_tool_use=True, max_tool_iterations=steps)
-        last = None
+        tools, last = 0, None
         async for event in agent.on_messages_stream([TextMessage(content="go", source="user")],
                                                     CancellationToken()):
+            tools += type(event).__name__ == "ToolCallExecutionEvent"
             last = event
-        assert last is not None
+        assert tools == steps - 1, tools
+        assert getattr(getattr(last, "chat_message", None), "content", None) == TEXT, last
 
     return await measure(turn, steps, runs)
 
