@@ -68,6 +68,7 @@ from ._scheduler import (
     result_data,
     run_suspended_calls,
     run_tool_calls,
+    with_tool_tasks,
 )
 from ._session import Continuation, Session, continue_crashed_turn, interrupted_by_crash
 from ._settings import APPROVAL_TIMEOUT, HIBERNATE_AFTER, MAX_STEPS_PER_TURN
@@ -587,9 +588,14 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                 record = None
                 try:
                     # Suspended approvals with an approval_timeout: wake when the first
-                    # runs out, to answer it.
-                    with trio.move_on_at(min(self._approval_deadline(), rest_at)):
+                    # runs out, to answer it, or at the rest time, to hibernate. Without
+                    # either, an idle actor holds no scope.
+                    deadline = min(self._approval_deadline(), rest_at)
+                    if deadline == math.inf:
                         record = await turns.receive()
+                    else:
+                        with trio.move_on_at(deadline):
+                            record = await turns.receive()
                 except (trio.EndOfChannel, trio.ClosedResourceError):
                     return False  # disposal closed the inbox
                 if not self._running() and self._expire_approvals():
@@ -781,9 +787,9 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                     turn.output = spec
         try:
             with scope:
-                turn.reason = await self._run_turn(
+                turn.reason = await with_tool_tasks(self._runner, lambda: self._run_turn(
                     turn, claimed, resuming=resuming, going_on=going_on
-                )
+                ))
         except Exception as exc:  # noqa: BLE001 - a failing hook ends the turn, not the loop
             turn.reason, turn.error = "error", exc
             log.warning("agent %s: turn %d failed: %r", self.id, turn.number, exc)

@@ -12,7 +12,7 @@ import inspect
 import itertools
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast, overload
 
 import trio
 
@@ -225,6 +225,9 @@ class PromptFacade:
         return self._prompt.persona
 
 
+_NONE: Final[dict[Any, Any]] = {}  # shared and never written: see Context.__init__
+
+
 def _release(owned: dict[int, AgentHandle], key: int) -> None:
     owned.pop(key, None)
 
@@ -250,13 +253,17 @@ class Context:
         self.name = name
         self.parent = parent
         self.agent_id = agent_id
-        self._disposers: dict[int, Disposer] = {}
-        self._owned: dict[int, AgentHandle] = {}
-        self._children: dict[int, Context] = {}
+        # Made on first write (an agent's scope usually never owns anything): until then the
+        # shared empty dict, which is only read, popped from with a default, or tested.
+        self._disposers: dict[int, Disposer] = _NONE
+        self._owned: dict[int, AgentHandle] = _NONE
+        self._children: dict[int, Context] = _NONE
         self._key = next(_ids)
         self._closed = False
         self._closing: trio.Event | None = None
         if parent is not None:
+            if parent._children is _NONE:
+                parent._children = {}
             parent._children[self._key] = self
 
     def __repr__(self) -> str:
@@ -352,6 +359,8 @@ class Context:
             disposer()
             raise ScopeClosed(f"{self!r} is closed; it cannot own new registrations")
         key = id(disposer)
+        if self._disposers is _NONE:
+            self._disposers = {}
         self._disposers[key] = disposer
 
         def dispose() -> None:
@@ -366,6 +375,8 @@ class Context:
         if self._closed:
             raise ScopeClosed(f"{self!r} is closed; it cannot own agents")
         key = id(handle)
+        if self._owned is _NONE:
+            self._owned = {}
         self._owned[key] = handle
         return Disposer(functools.partial(_release, self._owned, key))
 

@@ -1,20 +1,20 @@
-"""An agent's pending input: the two inbox lists, the steer ids, their channels and claims.
+"""An agent's pending input: the two inbox lists, the steer ids, the wake channel and claims.
 
 The lists are the projection the seed describes: every change is published as a splice
 *before* it happens, ``edit`` and ``remove`` act on pending messages, and a claim takes input
-atomically. The memory channels carry the accepted records to the agent's actor, and are
-named for what they wake, not for the list a record lands in: the next-turn channel carries
-every *waking* record (follow-ups, and waking steers, since a wake while idle must open a turn
-boundary exactly as a follow-up does, and an idle actor waits on one channel), the next-step
-channel the non-waking injections (which must not wake an idle actor). The actor drains them
-at its boundaries and takes content and order from the projection, so a removed or edited
-message is never delivered stale: the lists, not the channels, are the truth for content.
+atomically. The next-turn memory channel carries every *waking* record to the agent's actor
+(follow-ups, and waking steers, since a wake while idle must open a turn boundary exactly as a
+follow-up does, and an idle actor waits on one channel); it is named for what it wakes, not for
+the list a record lands in. A non-waking injection is on no channel: it must not wake an idle
+actor, and the claim at the next step boundary reads the list (a channel of its own would be
+a channel per agent that nobody waits on). The actor drains the channel at its boundaries and
+takes content and order from the projection, so a removed or edited message is never
+delivered stale: the lists, not the channel, are the truth for content.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 from typing import Final, Literal
 
 import attrs
@@ -24,7 +24,7 @@ from ._bus import EventBus
 from ._events import InboxDiscarded, InboxInserted, InboxSpliced
 from ._model import Content, InboxMessage
 
-__all__ = ["Inbox", "InboxState", "Target", "TARGETS"]
+__all__ = ["Inbox", "InboxState", "Target", "TARGETS", "Wakeups"]
 
 Target = Literal["next-turn", "next-step"]
 TARGETS: Final[tuple[Target, Target]] = ("next-turn", "next-step")
@@ -42,8 +42,8 @@ class InboxState:
     """The live inbox of one agent (owned by it; every method is synchronous)."""
 
     __slots__ = (
-        "_agent_id", "_bus", "next_step", "next_turn", "pending", "step_rx", "step_tx",
-        "turn_rx", "turn_tx", "waking",
+        "_agent_id", "_bus", "next_step", "next_turn", "pending", "turn_rx", "turn_tx",
+        "waking",
     )
 
     def __init__(self, agent_id: str, bus: EventBus) -> None:
@@ -57,9 +57,8 @@ class InboxState:
         # Ids of pending next-step messages that were sent to wake (steer): only those
         # continue a turn; an injection waits for the next step something else causes.
         self.waking: set[str] = _NO_IDS  # allocated on the first steer: agents are many
-        # Unbounded, so send() never blocks.
-        self.turn_tx, self.turn_rx = trio.open_memory_channel[InboxMessage](math.inf)
-        self.step_tx, self.step_rx = trio.open_memory_channel[InboxMessage](math.inf)
+        # Unbounded, so send() never blocks; one object is both ends.
+        self.turn_tx = self.turn_rx = Wakeups()
 
     def snapshot(self) -> Inbox:
         return Inbox(tuple(self.next_turn), tuple(self.next_step))
@@ -74,7 +73,8 @@ class InboxState:
         bus = self._bus
         if bus.has_listeners(InboxInserted):
             bus.emit_nowait(InboxInserted(self._agent_id, target, message))
-        (self.turn_tx if wakeup else self.step_tx).send_nowait(message)
+        if wakeup:
+            self.turn_tx.send_nowait(message)
 
     def find(self, message_id: str) -> tuple[Target, int] | None:
         for target in TARGETS:
@@ -140,7 +140,6 @@ class InboxState:
     def claim(self, *, boundary: bool) -> list[tuple[bool, InboxMessage]]:
         """Atomically take the next-step input, plus one queued prompt at a turn boundary;
         each with whether it is a prompt (``user/message``) rather than steering."""
-        _drain(self.step_rx)  # the projection is the truth for order, edits and removals
         batch: list[tuple[bool, InboxMessage]] = []
         if self.next_step:
             steps = tuple(self.next_step)
@@ -159,13 +158,75 @@ class InboxState:
     def close(self) -> None:
         """No more input: ends an idle actor's wait on the next-turn channel."""
         self.turn_tx.close()
-        self.step_tx.close()
 
 
 _NO_IDS: Final[set[str]] = set()  # shared and never written: see InboxState.accept
 
 
-def _drain(channel: trio.MemoryReceiveChannel[InboxMessage]) -> None:
-    with contextlib.suppress(trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+class Wakeups:
+    """The next-turn channel: an unbounded memory channel of waking records, for one reader.
+
+    The actor reads only how many records arrived (their content comes from the lists), so
+    this keeps a count where a trio memory channel kept the records, its send and receive
+    ends and their task tables: about 2 KB for every idle agent. It behaves as the channel
+    did for its one reader: ``receive`` checkpoints, takes a record or parks until one is
+    sent, and raises ``EndOfChannel`` once the channel is closed and drained.
+    """
+
+    __slots__ = ("_closed", "_count", "_reader")
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._closed = False
+        self._reader: trio.lowlevel.Task | None = None
+
+    def send_nowait(self, record: InboxMessage) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("the next-turn channel is closed")
+        self._count += 1
+        self._wake()
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        reader = self._reader
+        if reader is not None:
+            self._reader = None
+            trio.lowlevel.reschedule(reader)
+
+    def receive_nowait(self) -> None:
+        if self._count:
+            self._count -= 1
+            return
+        if self._closed:
+            raise trio.EndOfChannel
+        raise trio.WouldBlock
+
+    async def receive(self) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            self.receive_nowait()
+        except trio.WouldBlock:
+            pass
+        else:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return
+        if self._reader is not None:
+            raise trio.BusyResourceError("another task is waiting on the next-turn channel")
+        self._reader = trio.lowlevel.current_task()
+        await trio.lowlevel.wait_task_rescheduled(self._abort)
+        # Woken by a send (a record to take) or a close (EndOfChannel), as the channel
+        # handed a record over: no second schedule point.
+        self.receive_nowait()
+
+    def _abort(self, _: object) -> trio.lowlevel.Abort:
+        self._reader = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+
+def _drain(channel: Wakeups) -> None:
+    with contextlib.suppress(trio.WouldBlock, trio.EndOfChannel):
         while True:
             channel.receive_nowait()

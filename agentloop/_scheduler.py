@@ -15,7 +15,7 @@ import json
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import trio
@@ -45,9 +45,11 @@ if TYPE_CHECKING:
     from ._services import Services
 
 __all__ = [
-    "run_tool_calls", "run_suspended_calls", "close_unanswered", "ToolRunner",
-    "ABORTED_BEFORE_DISPATCH",
+    "run_tool_calls", "run_suspended_calls", "close_unanswered", "ToolRunner", "ToolTasks",
+    "with_tool_tasks", "ABORTED_BEFORE_DISPATCH",
 ]
+
+_T = TypeVar("_T")
 
 ABORTED_BEFORE_DISPATCH = "ABORTED_BEFORE_DISPATCH"
 _ABORTED_TEXT = "tool call aborted before dispatch"
@@ -68,6 +70,13 @@ class _Slot:
     deferred: bool = False  # was parked: its result is published whenever it is ready
 
 
+@attrs.define(slots=True, eq=False)
+class ToolTasks:
+    """The nursery the tool tasks of the running turn start in (``None`` between turns)."""
+
+    nursery: trio.Nursery | None = None
+
+
 @attrs.frozen(slots=True, eq=False)
 class ToolRunner:
     """What one agent's tool runs are given: its services, log, approvals, and whether it is
@@ -80,6 +89,31 @@ class ToolRunner:
     stopping: Callable[[], bool]
     # Commits the session's log up to a seq (the agent's flush barrier).
     flush: Callable[[int], Awaitable[None]]
+    tasks: ToolTasks = attrs.field(factory=ToolTasks)
+
+
+async def with_tool_tasks(runner: ToolRunner, body: Callable[[], Awaitable[_T]]) -> _T:
+    """Run ``body`` (a turn) with one nursery for all its steps' tool tasks.
+
+    A nursery per step cost a scope, a schedule point at its exit and a wake-up; the steps
+    still wait for every task they start (``_Run.run``). What ``body`` raises leaves as it is,
+    not wrapped in the nursery's exception group.
+    """
+    failure: BaseException | None = None
+    async with trio.open_nursery() as nursery:
+        runner.tasks.nursery = nursery
+        try:
+            value = await body()
+        except BaseException as exc:  # noqa: BLE001 - raised below, outside the nursery
+            failure = exc
+        finally:
+            runner.tasks.nursery = None
+    if failure is not None:
+        try:
+            raise failure
+        finally:
+            failure = None  # the frame would hold its own traceback: a cycle per failed turn
+    return value
 
 
 class _Run:
@@ -426,17 +460,33 @@ class _Run:
         return self.in_flight == 0 and not self.ready and self.parked > 0
 
     async def run(self) -> None:
+        nursery = self.runner.tasks.nursery
+        if nursery is None:
+            async with trio.open_nursery() as nursery:
+                await self._run_in(nursery)
+        else:
+            await self._run_in(nursery)
+
+    async def _run_in(self, nursery: trio.Nursery) -> None:
         failure: Exception | None = None
         self.approvals.waiter = self
         try:
-            async with trio.open_nursery() as nursery:
-                try:
-                    await self._dispatch_all(nursery)
-                except Exception as exc:  # noqa: BLE001 - reported after the drain
-                    # An internal failure stops new dispatches; started calls finish.
-                    failure = exc
-                    await self._wait_until(lambda: self.in_flight == 0)
-        except BaseException:
+            try:
+                await self._dispatch_all(nursery)
+            except Exception as exc:  # noqa: BLE001 - reported after the drain
+                # An internal failure stops new dispatches; started calls finish.
+                failure = exc
+                await self._wait_until(lambda: self.in_flight == 0)
+        except BaseException as exc:
+            # The turn's nursery outlives the step: its started bodies are stopped and waited
+            # for here, as a nursery of the step's own did at its exit, so a body cut short
+            # reports ABORTED (not ABORTED_BEFORE_DISPATCH) before the rest is closed.
+            if not isinstance(exc, trio.Cancelled):
+                nursery.cancel_scope.cancel()  # a cancel has reached the bodies already
+            with trio.CancelScope(shield=True):
+                while self.in_flight:
+                    self.changed = trio.Event()
+                    await self.changed.wait()
             self._abort_rest()
             raise
         finally:

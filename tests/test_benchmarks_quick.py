@@ -143,3 +143,17 @@ def test_every_benchmark_script_runs(argv: list[str], expected: str, tmp_path: P
     script, *args = argv
     out = run_script(str(BENCHMARKS / script), *(a.format(tmp=tmp_path) for a in args))
     assert expected in out, out
+
+
+def test_wire_benchmark_quick_runs_the_floor_and_agentloop(tmp_path: Path) -> None:
+    # W5 over loopback HTTP: the server is started by the script, in a process of its own.
+    figures = tmp_path / "w5.json"
+    out = run_script(str(BENCHMARKS / "peers" / "bench_wire.py"), "--quick", "--rounds", "1",
+                     "--json", str(figures))
+    assert "failed" not in out, out
+    found = json.loads(figures.read_text())
+    for entry in ("floor", "agentloop"):
+        assert found[entry]["cpu_us_per_step"] > 0, found
+    # A peer that is not installed is named and skipped, never silently missing.
+    for peer in ("openai-agents", "pydantic-ai", "langgraph", "autogen"):
+        assert peer in found or f"skipped {peer}:" in out, out
