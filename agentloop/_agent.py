@@ -90,7 +90,6 @@ CLOSE_GRACE: Final = 30.0
 # since claims take content from the inbox lists, not from the channel.
 _WAKE: Final = InboxMessage(MessageId(""), "")
 # Asks an idle actor to hibernate now (Agent.hibernate); never claimed either.
-_REST: Final = InboxMessage(MessageId(""), "rest")
 
 _current: contextvars.ContextVar[Agent | None] = contextvars.ContextVar(
     "agentloop_current_agent", default=None
@@ -585,22 +584,21 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         while not self._stopping():
             if self._status != "running":
                 rest_at = self._rest_at()
-                record = None
                 try:
                     # Suspended approvals with an approval_timeout: wake when the first
                     # runs out, to answer it, or at the rest time, to hibernate. Without
                     # either, an idle actor holds no scope.
                     deadline = min(self._approval_deadline(), rest_at)
                     if deadline == math.inf:
-                        record = await turns.receive()
+                        await turns.receive()
                     else:
                         with trio.move_on_at(deadline):
-                            record = await turns.receive()
+                            await turns.receive()
                 except (trio.EndOfChannel, trio.ClosedResourceError):
                     return False  # disposal closed the inbox
                 if not self._running() and self._expire_approvals():
                     self._answered()
-                elif (record is _REST or trio.current_time() >= rest_at) \
+                elif (inbox.take_rest() or trio.current_time() >= rest_at) \
                         and await self._hibernate():
                     return True
                 # Admission already happened in send(), synchronously; a stale record (its
@@ -642,7 +640,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         """
         if self._life.dormant is not None or not self._restable(started=False):
             return False
-        self._inbox.turn_tx.send_nowait(_REST)
+        self._inbox.ask_rest()
         return True
 
     def wake(self) -> bool:

@@ -22,7 +22,9 @@ import trio
 
 from ._bus import EventBus
 from ._events import InboxDiscarded, InboxInserted, InboxSpliced
-from ._model import Content, InboxMessage
+from ._model import Content, InboxMessage, MessageId
+
+_REST: Final = InboxMessage(MessageId(""), "")  # a wake that carries no input
 
 __all__ = ["Inbox", "InboxState", "Target", "TARGETS", "Wakeups"]
 
@@ -42,8 +44,8 @@ class InboxState:
     """The live inbox of one agent (owned by it; every method is synchronous)."""
 
     __slots__ = (
-        "_agent_id", "_bus", "next_step", "next_turn", "pending", "turn_rx", "turn_tx",
-        "waking",
+        "_agent_id", "_bus", "_rest", "next_step", "next_turn", "pending", "turn_rx",
+        "turn_tx", "waking",
     )
 
     def __init__(self, agent_id: str, bus: EventBus) -> None:
@@ -59,6 +61,17 @@ class InboxState:
         self.waking: set[str] = _NO_IDS  # allocated on the first steer: agents are many
         # Unbounded, so send() never blocks; one object is both ends.
         self.turn_tx = self.turn_rx = Wakeups()
+        self._rest = False
+
+    def ask_rest(self) -> None:
+        """Wake the idle actor to hibernate now (the wake carries no record)."""
+        self._rest = True
+        self.turn_tx.send_nowait(_REST)
+
+    def take_rest(self) -> bool:
+        """Whether a rest was asked since the last call."""
+        rest, self._rest = self._rest, False
+        return rest
 
     def snapshot(self) -> Inbox:
         return Inbox(tuple(self.next_turn), tuple(self.next_step))
