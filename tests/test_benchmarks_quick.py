@@ -119,6 +119,8 @@ OTHERS = [
     (["bench_sqlite.py", "{tmp}"], "load: one session"),
     (["bench_postgres.py"], "postgres (batched, one thread)"),
     (["bench_otel.py", "--quick"], "otel plugin, no SDK configured"),
+    (["bench_kit_shrink.py", "--runs", "1"], "shrinking a 10-operation failure"),
+    (["bench_kit_mutants.py", "--seeds", "1", "--only", "status lags"], "1/1"),
 ]
 
 
