@@ -148,8 +148,13 @@ def _kind(name: str, agents: st.SearchStrategy[int]) -> st.SearchStrategy[Operat
         "close": st.builds(Close, agents),
         "create_same_id": st.builds(CreateSameId, agents),
         # Zero is invalid: the write is refused and must change nothing.
-        "write_setting": st.builds(WriteSetting, st.just("agent-loop.max_parallel_tool_calls"),
-                                   st.integers(0, 4)),
+        "write_setting": st.one_of(
+            st.builds(WriteSetting, st.just("agent-loop.max_parallel_tool_calls"),
+                      st.integers(0, 4)),
+            # Calls parked for approval are denied once it runs out (on the virtual clock).
+            st.builds(WriteSetting, st.just("agent-loop.approval_timeout"),
+                      st.sampled_from([1.0, 5.0, None, 0])),
+        ),
         "advance": st.builds(Advance, st.sampled_from([0.5, 1.0, 2.0, 3.0, 6.0, 40.0])),
         "settle": st.just(Settle()),
         "spawn": st.builds(Spawn, _TEXT),
