@@ -123,6 +123,8 @@ OTHERS = [
     (["bench_otel.py", "--quick"], "otel plugin, no SDK configured"),
     (["bench_hibernate.py", "memory", "50", "wake", "50"], "wake (followup to model call)"),
     (["bench_progress.py", "--quick"], "reports read"),
+    (["bench_kit_shrink.py", "--runs", "1"], "shrinking a 10-operation failure"),
+    (["bench_kit_mutants.py", "--seeds", "1", "--only", "status lags"], "1/1"),
 ]
 
 

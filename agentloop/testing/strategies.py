@@ -131,7 +131,9 @@ _POINTS_DRAWN = st.sampled_from([
     "tool-start", "tool-start", "tool-start", "pre-execute", "step-result", "stream", *POINTS,
 ])
 # Where a stop armed before a turn lands: inside its tools and its stream, most of all.
-_ARMED_AT = st.sampled_from(["tool-start", "tool-start", "pre-execute", "step-result", "stream"])
+_ARMED_AT = st.sampled_from(
+    ["tool-start", "tool-start", "pre-execute", "step-result", "step-result", "stream"]
+)
 # Where a slow hook holds a turn: between a reply's anchor and its tools, most of all.
 _HELD_AT = st.sampled_from(["step-result"] * 12 + list(HOOK_POINTS))
 # The kit's tools whose lifecycle matters most (approval, slow cancellation, a sub-agent).
@@ -150,8 +152,13 @@ def _kind(name: str, agents: st.SearchStrategy[int]) -> st.SearchStrategy[Operat
         "close": st.builds(Close, agents),
         "create_same_id": st.builds(CreateSameId, agents),
         # Zero is invalid: the write is refused and must change nothing.
-        "write_setting": st.builds(WriteSetting, st.just("agent-loop.max_parallel_tool_calls"),
-                                   st.integers(0, 4)),
+        "write_setting": st.one_of(
+            st.builds(WriteSetting, st.just("agent-loop.max_parallel_tool_calls"),
+                      st.integers(0, 4)),
+            # Calls parked for approval are denied once it runs out (on the virtual clock).
+            st.builds(WriteSetting, st.just("agent-loop.approval_timeout"),
+                      st.sampled_from([1.0, 5.0, None, 0])),
+        ),
         "advance": st.builds(Advance, st.sampled_from([0.5, 1.0, 2.0, 3.0, 6.0, 40.0])),
         "settle": st.just(Settle()),
         "spawn": st.builds(Spawn, _TEXT),
@@ -173,16 +180,18 @@ def _kind(name: str, agents: st.SearchStrategy[int]) -> st.SearchStrategy[Operat
     return simple[name]
 
 
-def _patterns(agents: st.SearchStrategy[int]) -> list[st.SearchStrategy[list[Operation]]]:
+def _patterns(agents: int) -> list[st.SearchStrategy[list[Operation]]]:
     """Short sequences on one agent that reach the states where lifecycle races live."""
     time = st.sampled_from([0.5, 1.0, 2.0, 3.0, 6.0, 40.0]).map(Advance)
 
-    def stop(a: int) -> st.SearchStrategy[Operation]:
-        return st.one_of(
+    def instant_stops(a: int) -> list[st.SearchStrategy[Instant]]:
+        return [
             st.builds(Cancel, st.just(a), st.booleans()), st.just(Close(a)), st.just(Close(a)),
             st.builds(lambda keep: Together((Approve(a), Cancel(a, keep))), st.booleans()),
-            st.just(Crash(0)),
-        )
+        ]
+
+    def stop(a: int) -> st.SearchStrategy[Operation]:
+        return st.one_of(*instant_stops(a), st.just(Crash(0)))
 
     def queued(a: int) -> st.SearchStrategy[list[Operation]]:
         # Input queued behind a running turn, then a cancel that keeps or drops it.
@@ -192,6 +201,11 @@ def _patterns(agents: st.SearchStrategy[int]) -> list[st.SearchStrategy[list[Ope
     def started(a: int) -> st.SearchStrategy[list[Operation]]:
         # A turn started, time passing into its stream or its tools, then a stop.
         return st.builds(lambda t, s: [Followup(a), t, s], time, stop(a))
+
+    def disposed(a: int) -> st.SearchStrategy[list[Operation]]:
+        # A turn started, then its agent closed while the stream or a tool runs.
+        return st.builds(lambda t: [Followup(a), Advance(t), Close(a)],
+                         st.sampled_from([0.5, 1.0, 2.0, 3.0]))
 
     def parked(a: int) -> st.SearchStrategy[list[Operation]]:
         # A turn parked on an approval, answered or raced, closed, resumed, answered.
@@ -207,7 +221,13 @@ def _patterns(agents: st.SearchStrategy[int]) -> list[st.SearchStrategy[list[Ope
         # A stop armed at a point of the turn a follow-up then starts: mid-tool, mid-stream,
         # or inside a synchronous handler at an extension point.
         return st.builds(lambda p, s, t: [When(p, s), Followup(a), t], _ARMED_AT,
-                         stop(a).filter(lambda op: isinstance(op, Instant)), time)
+                         st.one_of(instant_stops(a)), time)
+
+    def answered(a: int) -> st.SearchStrategy[list[Operation]]:
+        # A cancel inside the handler of a reply's step result: the turn's work may be done
+        # (a reply without calls) before it notices, and still it must not end completed.
+        return st.builds(lambda keep, t: [When("step-result", Cancel(a, keep)), Followup(a), t],
+                         st.booleans(), time)
 
     def watched(a: int) -> st.SearchStrategy[list[Operation]]:
         # A slow subscriber, then a burst of input it cannot keep up with.
@@ -218,9 +238,12 @@ def _patterns(agents: st.SearchStrategy[int]) -> list[st.SearchStrategy[list[Ope
         return st.builds(lambda p, s: [Hold(p, 2.0), Followup(a), Advance(0.5), s],
                          _HELD_AT, stop(a))
 
-    return [agents.flatmap(f)
-            for f in (queued, queued, started, started, parked, parked, armed, armed, held,
-                      held, held, watched)]
+    # One strategy per agent, fixed when operations() is built: drawing them anew for each
+    # example (a flatmap) cost as much as running it, and shrank poorly.
+    # Slow hooks most: a stop that lands between a reply's anchor and its tools needs one.
+    return [st.one_of([f(a) for a in range(agents)])
+            for f in (queued, queued, started, started, disposed, disposed, parked, parked, armed,
+                      armed, answered, answered, held, held, held, held, held, held, watched)]
 
 
 def operations(
@@ -239,7 +262,8 @@ def operations(
     often as ``weights`` says; ``extra`` adds strategies of your own operations. With
     ``patterns`` (and the default kinds) the list is also built from short sequences on one
     agent that reach mid-turn states: queued input then a cancel, a turn started then time
-    then a stop, a parked approval answered, closed and resumed.
+    then a stop, a close while its tools run, a stop armed inside its tools, stream or step
+    result, a slow hook with a stop inside it, a parked approval answered, closed and resumed.
     """
     index = st.integers(0, max(agents, 1) - 1)
     kinds = tuple(kinds)
@@ -252,7 +276,7 @@ def operations(
     single = st.one_of(choices).map(lambda op: [op])
     chunks: list[st.SearchStrategy[list[Operation]]] = []
     if patterns and set(kinds) >= set(DEFAULT_KINDS):
-        chunks.extend(_patterns(index))  # first: hypothesis leans toward early branches
+        chunks.extend(_patterns(max(agents, 1)))  # first: hypothesis leans toward early branches
     chunks.extend([single] * 3)
     return st.lists(st.one_of(chunks), min_size=1, max_size=max_size).map(
         lambda parts: [op for part in parts for op in part][:max_size]
