@@ -104,7 +104,7 @@ async def with_tool_tasks(runner: ToolRunner, body: Callable[[], Awaitable[_T]])
         runner.tasks.nursery = nursery
         try:
             value = await body()
-        except BaseException as exc:  # noqa: BLE001 - raised below, outside the nursery
+        except BaseException as exc:  # noqa: BLE001, ASYNC103 - raised below, unwrapped
             failure = exc
         finally:
             runner.tasks.nursery = None

@@ -55,6 +55,57 @@ def ratio(value: float | None, floor: float | None, fmt: str) -> str:
     return "" if not value or not floor else format(value / floor, fmt)
 
 
+def wire_panel(ax: Any, w5: dict[str, Any]) -> None:
+    """W5: CPU per step over loopback HTTP, each entry with its own client (log scale)."""
+    names = {"floor": "bare httpx (floor)", "agentloop": "agentloop"}
+    entries = list(w5["entries"])
+    labels = [names.get(e, e) for e in entries]
+    values = [w5["entries"][e]["cpu_us_per_step"] for e in entries]
+    notes = [f"{v:,.0f} us  ({w5['entries'][e]['x_floor']:.2f}x floor)"
+             for e, v in zip(entries, values, strict=True)]
+    shades = [FLOOR_COLOUR if e == "floor" else OURS_COLOUR if e == "agentloop" else PEER_COLOUR
+              for e in entries]
+    ys = range(len(labels))
+    ax.barh(ys, values, color=shades, height=0.65)
+    ax.set_yticks(list(ys), labels)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlim(min(values) / 2, max(values) * 8)
+    for y, v, note in zip(ys, values, notes, strict=True):
+        ax.text(v, y, "  " + note, va="center", fontsize=8.5)
+    ax.set_title(f"W5: the W1 turn over loopback HTTP, CPU per step ({w5['rounds']} rounds, "
+                 "log scale)", fontsize=11, loc="left")
+    ax.set_xlabel("CPU microseconds per step of the client process (lower is better)")
+    ax.grid(axis="x", alpha=0.3)
+    ax.spines[["top", "right"]].set_visible(False)
+
+
+def yardstick_panel(ax: Any, y: dict[str, Any]) -> None:
+    """The yardstick's ratios before and after, beside the issue's goals."""
+    rows = [("W1, x floor", "w1_x_floor", "w1"), ("W1 + 1 subscriber, x W1", "sub1_x", "sub1"),
+            ("W2, x floor", "w2_x_floor", "w2"), ("W3 idle agent, KB", "w3_kb", "w3")]
+    labels = [r[0] for r in rows]
+    ys = list(range(len(rows)))
+    before = [y["before"][r[1]] for r in rows]
+    after = [y["after"][r[1]] for r in rows]
+    ax.barh([v - 0.2 for v in ys], before, height=0.38, color=FLOOR_COLOUR, label="before")
+    ax.barh([v + 0.2 for v in ys], after, height=0.38, color=OURS_COLOUR, label="after")
+    for v, r, b, a in zip(ys, rows, before, after, strict=True):
+        goal = y["goals"][r[2]]
+        ax.plot([goal, goal], [v - 0.45, v + 0.45], color="black", linewidth=1.2)
+        ax.text(max(b, a, goal), v, f"  {b:.2f} -> {a:.2f} (goal {goal:g})", va="center",
+                fontsize=8.5)
+    ax.set_yticks(ys, labels)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(before + after) * 1.6)
+    ax.set_title(f"The yardstick: before ({y['before']['tree']}) and after, "
+                 f"{y['rounds']} interleaved rounds (black: goal)", fontsize=11, loc="left")
+    ax.set_xlabel("ratio, or KB (lower is better)")
+    ax.legend(loc="lower right", fontsize=8.5)
+    ax.grid(axis="x", alpha=0.3)
+    ax.spines[["top", "right"]].set_visible(False)
+
+
 def main() -> None:
     source = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "results.json"
     out = Path(sys.argv[2]) if len(sys.argv) > 2 else HERE.parent / "peers.png"
@@ -79,8 +130,15 @@ def main() -> None:
     w3_notes = [f"{v:.1f} KB  ({ratio(v, w3_floor, '.1f')}x)" if v else "" for v in w3]
     w4_notes = [f"{v:.2f}x" if v else "" for v in w4]
 
-    fig, grid = plt.subplots(2, 2, figsize=(16, 1.1 * len(labels) + 3.2), sharey=True)
-    axes = grid.flatten()
+    extra = [k for k in ("w5", "yardstick") if k in data]
+    height = 1.1 * len(labels) + 3.2
+    fig = plt.figure(figsize=(16, height + (0.45 * height if extra else 0)))
+    rows_of = 3 if extra else 2
+    heights = [1.0, 1.0, 0.8] if extra else [1.0, 1.0]
+    spec = fig.add_gridspec(rows_of, 2, height_ratios=heights)
+    first = fig.add_subplot(spec[0, 0])
+    axes = [first, fig.add_subplot(spec[0, 1], sharey=first),
+            fig.add_subplot(spec[1, 0], sharey=first), fig.add_subplot(spec[1, 1], sharey=first)]
     # The panels share one y axis: inverting it once puts the first row on top everywhere.
     axes[0].invert_yaxis()
     panel(axes[0], labels, w1, "W1: time per step (log scale)",
@@ -99,6 +157,10 @@ def main() -> None:
           "ratio (1.0 = flat; shaded: within 10%)", w4_notes, label_from=1.1)
     axes[3].axvline(1.0, color="black", linewidth=0.8)
     axes[3].axvspan(0.9, 1.1, color="green", alpha=0.08)
+    if "w5" in data:
+        wire_panel(fig.add_subplot(spec[2, 0]), data["w5"])
+    if "yardstick" in data:
+        yardstick_panel(fig.add_subplot(spec[2, 1]), data["yardstick"])
     m = data["machine"]
     fig.suptitle(
         f"agentloop beside its peers: zero-latency test models, {data['rounds']} interleaved "
@@ -106,7 +168,7 @@ def main() -> None:
         f"{data['date']})",
         fontsize=12, x=0.01, ha="left",
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.985))
     fig.savefig(out, dpi=110)
     print(f"wrote {out}")
 
