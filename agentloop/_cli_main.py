@@ -1,9 +1,11 @@
 """The ``agentloop`` command's entry: the argument parser, ``main`` and the dispatch to each
-subcommand (the chat, on a terminal UI or plain lines; the protocol servers; the inspector).
+subcommand (the chat, on a terminal UI or plain lines; the protocol servers; the inspector;
+a serving runtime of a fleet).
 
 It sits above every other command-line module and nothing imports it, so the modules it
 dispatches to (``_cli``'s shared parts, ``_cli_screen``, ``_cli_acp``, ``_cli_mcp_serve``,
-``_cli_ui``) never import one another in a circle. ``docs/cli.md`` describes the commands.
+``_cli_ui``, ``_cli_serve``) never import one another in a circle. ``docs/cli.md``
+describes the commands.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ processes, pick them up, drive them and let them go.
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import signal
 import subprocess
@@ -211,6 +212,42 @@ async def test_a_session_no_runtime_ever_drove_is_served(dsn: str) -> None:
             mid = await front.sessions.send("n1", "first words")
             await disposed.wait()
     _check_exactly_once(await _logs(dsn, ["n1"]), {"n1": [mid]})
+
+
+async def test_a_dead_drivers_session_is_taken_over_under_a_stream_of_notifications(
+    cluster: Cluster, schema: str, dsn: str
+) -> None:
+    served = trio.Event()
+    stop = threading.Event()
+
+    def chatter() -> None:
+        # Notifications for a session nobody has, as fast as the server takes them: a busy
+        # fleet's traffic, which must not postpone the look for a dead driver's sessions.
+        with cluster.connect(schema) as conn:
+            while not stop.is_set():
+                conn.execute("SELECT pg_notify('agentloop_inbox', 'elsewhere')")
+
+    with trio.fail_after(30):
+        async with (
+            agentloop.open_runtime(_front(dsn)) as front,
+            agentloop.open_runtime(_serving(dsn), plugins=[_model_plugin]) as server,
+        ):
+            server.events.on(AgentTurnEnd, lambda e: served.set())
+            await _undriven(front, "o1")
+            # Driven by a process that died a moment ago: its lease runs one more second.
+            sql(cluster, schema,
+                "UPDATE agentloop_leases SET epoch = epoch + 1, owner = 'dead', host = 'gone',"
+                " pid = 1, expires_at = clock_timestamp() + interval '1 second'"
+                " WHERE session_id = 'o1'")
+            mid = await front.sessions.send("o1", "for the dead driver")
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(functools.partial(
+                    trio.to_thread.run_sync, chatter, abandon_on_cancel=True))
+                try:
+                    await served.wait()
+                finally:
+                    stop.set()
+    _check_exactly_once(await _logs(dsn, ["o1"]), {"o1": [mid]})
 
 
 async def test_two_serving_runtimes_never_drive_the_same_session(

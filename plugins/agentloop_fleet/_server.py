@@ -85,6 +85,7 @@ class FleetServer:
         self._idle_changed = trio.Event()
         self._starved = False  # a wake-up found no room: scan once room is made
         self._letting_go = trio.CapacityLimiter(_IN_FLIGHT)
+        self._next_scan = -math.inf
         send, receive = trio.open_memory_channel[str](math.inf)
         self._wake_tx, self._wake_rx = send, receive
         self._options = (
@@ -123,13 +124,16 @@ class FleetServer:
     async def _next_wakeups(self) -> set[str] | None:
         """The sessions to look at, or None for all of them (the fallback re-check)."""
         wanted: set[str] = set()
-        with trio.move_on_after(self.config.recheck_seconds) as waited:
+        # Due every recheck_seconds whatever the traffic: a steady stream of notifications
+        # must not postpone the look for sessions whose driver died.
+        with trio.move_on_at(self._next_scan) as waited:
             wanted.add(await self._wake_rx.receive())
-        if waited.cancelled_caught:
-            return None
         while self._wake_rx.statistics().current_buffer_used:
             wanted.add(self._wake_rx.receive_nowait())
-        return None if _SCAN in wanted else wanted
+        if waited.cancelled_caught or _SCAN in wanted:
+            self._next_scan = trio.current_time() + self.config.recheck_seconds
+            return None
+        return wanted
 
     async def _pick_forever(self, nursery: trio.Nursery) -> None:
         while True:
