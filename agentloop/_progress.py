@@ -49,7 +49,7 @@ class Reporter:
         self._call_id = call_id
         self._tokens = float(BURST)
         self._at = -math.inf
-        self._pending: ToolProgress | None = None
+        self._pending: tuple[str, float | None] | None = None
         self._timer: trio.CancelScope | None = None
         self.closed = False
 
@@ -58,23 +58,26 @@ class Reporter:
         return self._call_id
 
     def report(self, message: str, fraction: float | None) -> None:
+        if self._timer is not None:
+            # Over the pace: this report replaces the one waiting for the timer (the hot
+            # path of a flood, so it only stores).
+            self._pending = (message, fraction)
+            return
         if not self._bus.has_listeners(ToolProgress):
             return
-        event = ToolProgress(self._agent_id, self._call_id, message, fraction)
         now = trio.current_time()
         tokens = min(float(BURST), self._tokens + (now - self._at) * RATE)
         self._at = now
-        if tokens >= 1.0 and self._timer is None:
+        if tokens >= 1.0:
             self._tokens = tokens - 1.0
-            self._bus.emit_nowait(event)
+            self._bus.emit_nowait(ToolProgress(self._agent_id, self._call_id, message, fraction))
             return
         self._tokens = tokens
-        self._pending = event
-        if self._timer is None:
-            self._timer = trio.CancelScope(deadline=now + (1.0 - tokens) / RATE)
-            trio.lowlevel.spawn_system_task(
-                self._trail, self._timer, name=f"agentloop.progress:{self._call_id}"
-            )
+        self._pending = (message, fraction)
+        self._timer = trio.CancelScope(deadline=now + (1.0 - tokens) / RATE)
+        trio.lowlevel.spawn_system_task(
+            self._trail, self._timer, name=f"agentloop.progress:{self._call_id}"
+        )
 
     async def _trail(self, timer: trio.CancelScope) -> None:
         # The pace's next slot: the call's latest report goes out then, unless the call ends
@@ -93,7 +96,7 @@ class Reporter:
         now = trio.current_time()
         self._tokens = max(0.0, min(float(BURST), self._tokens + (now - self._at) * RATE) - 1)
         self._at = now
-        self._bus.emit_nowait(pending)
+        self._bus.emit_nowait(ToolProgress(self._agent_id, self._call_id, *pending))
 
     def close(self) -> None:
         """The call ended: its latest undelivered report goes out now."""
