@@ -15,7 +15,6 @@ a report whatever the readers do.
 from __future__ import annotations
 
 import contextvars
-import logging
 import math
 from typing import Final
 
@@ -26,8 +25,6 @@ from ._errors import AgentLoopError
 from ._events import ToolProgress
 
 __all__ = ["BURST", "RATE", "Reporter", "begin_call", "report_progress"]
-
-log = logging.getLogger("agentloop")
 
 BURST: Final = 10
 """Reports of one call delivered at once before the pace applies."""
@@ -42,7 +39,9 @@ _current: contextvars.ContextVar[Reporter | None] = contextvars.ContextVar(
 class Reporter:
     """The progress of one running tool call."""
 
-    __slots__ = ("_agent_id", "_at", "_bus", "_call_id", "_pending", "_timer", "_tokens")
+    __slots__ = (
+        "_agent_id", "_at", "_bus", "_call_id", "_pending", "_timer", "_tokens", "closed",
+    )
 
     def __init__(self, bus: EventBus, agent_id: str, call_id: str) -> None:
         self._bus = bus
@@ -50,27 +49,35 @@ class Reporter:
         self._call_id = call_id
         self._tokens = float(BURST)
         self._at = -math.inf
-        self._pending: ToolProgress | None = None
+        self._pending: tuple[str, float | None] | None = None
         self._timer: trio.CancelScope | None = None
+        self.closed = False
+
+    @property
+    def call_id(self) -> str:
+        return self._call_id
 
     def report(self, message: str, fraction: float | None) -> None:
+        if self._timer is not None:
+            # Over the pace: this report replaces the one waiting for the timer (the hot
+            # path of a flood, so it only stores).
+            self._pending = (message, fraction)
+            return
         if not self._bus.has_listeners(ToolProgress):
             return
-        event = ToolProgress(self._agent_id, self._call_id, message, fraction)
         now = trio.current_time()
         tokens = min(float(BURST), self._tokens + (now - self._at) * RATE)
         self._at = now
-        if tokens >= 1.0 and self._timer is None:
+        if tokens >= 1.0:
             self._tokens = tokens - 1.0
-            self._bus.emit_nowait(event)
+            self._bus.emit_nowait(ToolProgress(self._agent_id, self._call_id, message, fraction))
             return
         self._tokens = tokens
-        self._pending = event
-        if self._timer is None:
-            self._timer = trio.CancelScope(deadline=now + (1.0 - tokens) / RATE)
-            trio.lowlevel.spawn_system_task(
-                self._trail, self._timer, name=f"agentloop.progress:{self._call_id}"
-            )
+        self._pending = (message, fraction)
+        self._timer = trio.CancelScope(deadline=now + (1.0 - tokens) / RATE)
+        trio.lowlevel.spawn_system_task(
+            self._trail, self._timer, name=f"agentloop.progress:{self._call_id}"
+        )
 
     async def _trail(self, timer: trio.CancelScope) -> None:
         # The pace's next slot: the call's latest report goes out then, unless the call ends
@@ -89,13 +96,11 @@ class Reporter:
         now = trio.current_time()
         self._tokens = max(0.0, min(float(BURST), self._tokens + (now - self._at) * RATE) - 1)
         self._at = now
-        try:
-            self._bus.emit_nowait(pending)
-        except Exception:  # pragma: no cover - emit_nowait logs its handlers' failures
-            log.exception("delivering tool progress failed")
+        self._bus.emit_nowait(ToolProgress(self._agent_id, self._call_id, *pending))
 
     def close(self) -> None:
         """The call ended: its latest undelivered report goes out now."""
+        self.closed = True
         timer, self._timer = self._timer, None
         if timer is not None:
             timer.deadline = math.inf
@@ -145,10 +150,13 @@ def report_progress(message: str, *, fraction: float | None = None) -> None:
             outside 0..1.
     """
     reporter = _current.get()
-    if reporter is None:
+    if reporter is None or reporter.closed:
+        # A task the body started outside its call (a system task, a leftover) inherits
+        # the reporter: once the call is over there is nothing to report on.
         raise AgentLoopError(
             "report_progress() was called outside a tool body: only a running tool call "
             "has progress to report"
+            + ("" if reporter is None else f" (call {reporter.call_id!r} has ended)")
         )
     checked = _check(message, fraction)
     try:

@@ -303,3 +303,31 @@ async def test_the_terminal_printer_redraws_one_progress_line() -> None:
     assert err.getvalue() == (
         "\r\x1b[2K[progress] one (50%)\r\x1b[2K[progress] two (100%)\r\x1b[2K[tool] done\n"
     )
+
+
+async def test_a_task_outliving_its_call_cannot_report() -> None:
+    async with agentloop.open_runtime() as rt:
+        rt.llm.register("scripted", calls_then_answers(("spawn", "c1")))
+        later: list[str] = []
+        go = trio.Event()
+
+        async def leftover() -> None:
+            await go.wait()
+            try:
+                agentloop.report_progress("too late")
+            except AgentLoopError as exc:
+                later.append(str(exc))
+
+        @rt.tools.tool
+        async def spawn() -> str:
+            """Start work that outlives the call (in the test's nursery)."""
+            nursery.start_soon(leftover)
+            return "started"
+
+        async with trio.open_nursery() as nursery:
+            handle = await rt.agents.create(session_id="s", agent_options=OPTIONS)
+            handle.agent.followup("go")
+            with trio.fail_after(10):
+                await handle.agent.wait_idle()
+            go.set()
+        assert len(later) == 1 and "call 'c1' has ended" in later[0]
