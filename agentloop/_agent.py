@@ -663,6 +663,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             and (not started or nursery is None or not nursery.child_tasks)
             and (not started or nursery is not None)
             and not (inbox.next_turn or inbox.next_step or self._wake_flag)
+            and not life.has_children()
             and not self._runner.approvals.has_answers()
             and self._approval_deadline() == math.inf
             and callable(getattr(self._services.persistence, "load_now", None))
