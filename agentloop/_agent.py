@@ -539,17 +539,12 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         finally:
             # A hibernated agent's life goes on without this task (a wake starts another).
             if not rested:
-                await self._end(life)
-
-    async def _end(self, life: Lifecycle) -> None:
-        life.nursery = None
-        if life.published:
-            try:
+                life.nursery = None
+            if life.published and not rested:
                 with trio.move_on_after(2 * CLOSE_GRACE, shield=True):
                     # Memoized: a no-op unless the nursery never opened.
                     await self._close_scope()
                     await self._services.release_persistence(self.id, life.lease)
-            finally:
                 life.detach()
 
     async def _live(self, nursery: trio.Nursery) -> bool:
