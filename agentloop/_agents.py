@@ -485,7 +485,8 @@ class SessionsService:
 
         Read from memory while this runtime drives the session, else from the store (a
         hibernated agent is not woken); new events are announced by this runtime's bus and by
-        the store's own notifications (SQLite: any store of this process on the same file).
+        the store's own notifications (SQLite: any store of this process on the same file;
+        PostgreSQL: any runtime on the database, through ``NOTIFY agentloop_events``).
         A slow reader never holds up the driver: it reads again from where it stopped.
 
         Raises:
