@@ -666,8 +666,8 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
 
     def _rest_at(self) -> float:
         after: float | None = self._services.settings.get(HIBERNATE_AFTER)
-        if after is None or self._services.persistence is None:
-            return math.inf  # a session without persistence never hibernates
+        if after is None or not callable(getattr(self._services.persistence, "load_now", None)):
+            return math.inf  # a session without (reloadable) persistence never hibernates
         return trio.current_time() + after
 
     async def _hibernate(self) -> bool:
