@@ -20,12 +20,11 @@ Layering (``tests/test_layering.py`` enforces it; a module imports its own layer
     context     _context                 Context and the ctx.* facades
     supervisor  _agents _subagents       the supervisor actor, creation, handles; sub-agents, jobs
     driver      _agent                   the agent actor: admission, run controls, turns
-    parts       _inbox _reply _run _scheduler _request _lifecycle _approvals
+    parts       _inbox _reply _run _scheduler _request _lifecycle _approvals _tail
                                          input; one reply; run handles; tools; one step's
-                                         request; publication to quiescence; approvals
+                                         request; publication to quiescence; approvals; tails
     services    _services _session _llm _tools _settings _persistence _config _output _inputs
-                _tail                    the services record handed down; log, models, tools;
-                                         tails of a session's events
+                                         the services record handed down; log, models, tools
     bus         _bus _schema _pydantic _limits _progress
                                          events; schemas; pydantic models; shared call
                                          limits; tool progress

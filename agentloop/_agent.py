@@ -539,17 +539,12 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         finally:
             # A hibernated agent's life goes on without this task (a wake starts another).
             if not rested:
-                await self._end(life)
-
-    async def _end(self, life: Lifecycle) -> None:
-        life.nursery = None
-        if life.published:
-            try:
+                life.nursery = None
+            if life.published and not rested:
                 with trio.move_on_after(2 * CLOSE_GRACE, shield=True):
                     # Memoized: a no-op unless the nursery never opened.
                     await self._close_scope()
                     await self._services.release_persistence(self.id, life.lease)
-            finally:
                 life.detach()
 
     async def _live(self, nursery: trio.Nursery) -> bool:
@@ -667,6 +662,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             and (not started or nursery is None or not nursery.child_tasks)
             and (not started or nursery is not None)
             and not (inbox.next_turn or inbox.next_step or self._wake_flag)
+            and not life.has_children()
             and not self._runner.approvals.has_answers()
             and self._approval_deadline() == math.inf
             and callable(getattr(self._services.persistence, "load_now", None))
@@ -674,8 +670,8 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
 
     def _rest_at(self) -> float:
         after: float | None = self._services.settings.get(HIBERNATE_AFTER)
-        if after is None or self._services.persistence is None:
-            return math.inf  # a session without persistence never hibernates
+        if after is None or not callable(getattr(self._services.persistence, "load_now", None)):
+            return math.inf  # a session without (reloadable) persistence never hibernates
         return trio.current_time() + after
 
     async def _hibernate(self) -> bool:

@@ -9,10 +9,11 @@ detach session, once, and every way of asking for it waits for the same boundary
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, Literal, Protocol, Self, cast, final
 
 import attrs
@@ -230,6 +231,8 @@ class Supervisor:
         self._preparing: dict[Scope, Agent] = {}
         # The tree: each live child under its parent's id, and each child's parent.
         self.children: dict[str, dict[str, Agent]] = {}
+        # Parents with a child being created (by id, how many): they do not hibernate.
+        self._expected: dict[str, int] = {}
         self.parent_of: dict[str, Agent] = {}
         # Background jobs by id (``ctx.jobs``), entered and removed by their owners (the
         # sub-agents module, a layer above in spirit, which alone knows what a job is).
@@ -283,6 +286,27 @@ class Supervisor:
         for child in list(self.children.get(agent_id, {}).values()):
             if child.status == "running":
                 child.cancel("parent")
+
+    def has_children(self, agent_id: str) -> bool:
+        return bool(self.children.get(agent_id)) or agent_id in self._expected
+
+    @contextlib.contextmanager
+    def expecting(self, parent: Agent | None) -> Iterator[None]:
+        """A child of ``parent`` is being created: its actor will run in the parent's, so a
+        hibernated parent is woken, and stays awake until the child is entered (or not)."""
+        if parent is None:
+            yield
+            return
+        parent.wake()  # its actor is up by the entry, after the awaits of lease and store
+        self._expected[parent.id] = self._expected.get(parent.id, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._expected[parent.id] - 1
+            if left:
+                self._expected[parent.id] = left
+            else:
+                del self._expected[parent.id]
 
     def rested(self, agent: Agent) -> None:
         """``agent`` hibernated: its in-memory session is released (it reloads on a wake)."""
@@ -461,7 +485,8 @@ class SessionsService:
 
         Read from memory while this runtime drives the session, else from the store (a
         hibernated agent is not woken); new events are announced by this runtime's bus and by
-        the store's own notifications (SQLite: any store of this process on the same file).
+        the store's own notifications (SQLite: any store of this process on the same file;
+        PostgreSQL: any runtime on the database, through ``NOTIFY agentloop_events``).
         A slow reader never holds up the driver: it reads again from where it stopped.
 
         Raises:
@@ -640,7 +665,7 @@ class Creation:
 
     async def run(self, meta: FrozenDict, events: list[SessionEvent]) -> AgentHandle:
         services = self.services
-        with services.inflight():
+        with services.inflight(), self.supervisor.expecting(self.parent):
             backend = services.persistence
             if backend is not None:
                 await self._claim_lease()

@@ -24,6 +24,7 @@ class Family(Protocol):
 
     def detach(self, agent: Any) -> None: ...
     def cancel_children(self, agent_id: str) -> None: ...
+    def has_children(self, agent_id: str) -> bool: ...
     def rested(self, agent: Any) -> None: ...
     def woken(self, agent: Any, session: Any) -> None: ...
 
@@ -136,6 +137,10 @@ class Lifecycle:
         self._family.cancel_children(self.agent_id)
 
     # --- hibernation ---------------------------------------------------------------------
+
+    def has_children(self) -> bool:
+        """Live sub-agents (hibernated ones too: their actors restart in this one's nursery)."""
+        return self._family.has_children(self.agent_id)
 
     def rest(self, proposal: object) -> None:
         """The agent hibernated: the supervisor forgets its in-memory session."""

@@ -472,3 +472,21 @@ def test_random_operations_with_hibernation(ops: list[Any], seed: int) -> None:
     after 2 s of idleness and on request, and woken by whatever comes."""
     run_race(ops, config={"settings": {"agent-loop": {"hibernate_after_seconds": 2.0}}},
              seed=seed)
+
+
+async def test_a_parent_stays_awake_while_it_has_sub_agents(tmp_path: Path) -> None:
+    """A child's actor runs in its parent's nursery, a hibernated child's too when it wakes:
+    the parent hibernates only once it has no live sub-agent."""
+    async with runtime(tmp_path / "s.db") as (rt, model, watch):
+        handle = await asleep(rt, model, watch, "parent")
+        model.add(reply("child's answer"), reply("child again"))
+        child = await handle.ctx.subagents.spawn("work")
+        await watch.hibernated(child.agent.id)
+        assert handle.agent.status == "idle"  # woken for its child, kept awake by it
+        assert handle.agent.hibernate() is False
+        child.agent.followup("more")
+        await child.agent.wait_idle()
+        assert prompts(child.agent) == ["work", "more"]
+        await child.aclose()
+        assert handle.agent.hibernate() is True
+        await watch.hibernated("parent", 2)

@@ -38,11 +38,10 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("supervisor", {"_agents", "_subagents"}),
     ("driver", {"_agent"}),
     ("parts", {
-        "_inbox", "_reply", "_run", "_scheduler", "_request", "_lifecycle", "_approvals",
+        "_inbox", "_reply", "_run", "_scheduler", "_request", "_lifecycle", "_approvals", "_tail",
     }),
     ("services", {
         "_services", "_session", "_llm", "_tools", "_settings", "_persistence", "_config",
-        "_tail",
         "_output", "_inputs",
     }),
     ("bus", {"_bus", "_schema", "_pydantic", "_limits", "_progress"}),
