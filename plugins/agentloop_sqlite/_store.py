@@ -514,32 +514,15 @@ class SqliteSessionStore:
             raise PersistenceError(f"session store {self._path}: {exc}") from exc
 
     @staticmethod
-    @contextlib.contextmanager
-    def _read(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-        conn.execute("BEGIN")
-        try:
-            yield conn
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-            raise
+    def _read(conn: sqlite3.Connection) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        return _in_transaction(conn, "BEGIN")
 
-    @contextlib.contextmanager
-    def _transaction(self, begin: str = "BEGIN IMMEDIATE") -> Iterator[sqlite3.Connection]:
+    def _transaction(
+        self, begin: str = "BEGIN IMMEDIATE"
+    ) -> contextlib.AbstractContextManager[sqlite3.Connection]:
         # IMMEDIATE takes the write lock up front, so two writers queue on busy_timeout
         # instead of one failing with SQLITE_BUSY when it upgrades a read lock mid-transaction.
-        conn = self._db
-        conn.execute(begin)
-        try:
-            yield conn
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-            raise
+        return _in_transaction(self._db, begin)
 
     def _connect(self) -> None:
         _refuse_special(self._path)
@@ -987,3 +970,16 @@ def _kind_of(mode: int) -> str:
         if test(mode):
             return name
     return "not a file"
+
+
+@contextlib.contextmanager
+def _in_transaction(conn: sqlite3.Connection, begin: str) -> Iterator[sqlite3.Connection]:
+    conn.execute(begin)
+    try:
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+        raise
