@@ -13,6 +13,7 @@ settings.register_profile(
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 import contextlib
+import logging
 import shutil
 import signal
 import subprocess
@@ -95,6 +96,17 @@ def read_only_prefix(kind: str, directory: Path) -> list[str]:
     if tool is None or subprocess.run([*prefix, "true"], capture_output=True).returncode:
         pytest.skip(why)
     return prefix
+
+
+@pytest.fixture
+def quiet_agentloop() -> Iterator[None]:
+    """Silence the runtime's logger: in a race search, scripted provider failures log a
+    warning each, and hundreds of examples would drown the report."""
+    logger = logging.getLogger("agentloop")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    yield
+    logger.setLevel(level)
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import logging
 import re
 import textwrap
 import time
@@ -189,14 +188,7 @@ def hunt(mutants: tuple[Mutant, ...]) -> tuple[int, int, str, Callable[[], None]
     return found[0] if found else None
 
 
-@pytest.fixture(autouse=True)
-def _quiet() -> Iterator[None]:
-    # Scripted provider failures log a warning each; hundreds of examples would drown the report.
-    logger = logging.getLogger("agentloop")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_agentloop")
 
 
 def test_each_mutant_is_planted_where_the_fix_is() -> None:

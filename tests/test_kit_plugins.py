@@ -9,7 +9,6 @@ defaults too.
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,14 +61,7 @@ def the_property(ns: dict[str, Any]) -> Any:
     return test
 
 
-@pytest.fixture(autouse=True)
-def _quiet() -> Iterator[None]:
-    # Scripted provider failures log a warning each; hundreds of examples would drown the report.
-    logger = logging.getLogger("agentloop")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_agentloop")
 
 
 def test_the_page_has_every_kind_racy_property_and_fix() -> None:

@@ -3,8 +3,6 @@ has; and what one example costs to set up (a runtime opened per example)."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
 from typing import Any
 
 import certifi
@@ -16,14 +14,7 @@ from agentloop.events import ToolPreExecute
 from agentloop.testing import Race, run_race
 from agentloop.testing import strategies as als
 
-
-@pytest.fixture(autouse=True)
-def _quiet() -> Iterator[None]:
-    logger = logging.getLogger("agentloop")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_agentloop")
 
 
 def test_a_session_resumed_after_its_close_is_seen_once() -> None:
