@@ -31,7 +31,15 @@ from agentloop_fleet import FleetConfig
 from agentloop_postgres import PostgresSessionStore
 from conftest import OPTIONS, check_log_invariants, ready_child
 from fake_openai import Reply
-from test_postgres import PASSWORD, Cluster, cluster, dsn, schema, sql  # noqa: F401 - fixtures
+from test_postgres import (  # noqa: F401 - fixtures
+    PASSWORD,
+    Cluster,
+    cluster,
+    dsn,
+    epochs_going_back,
+    schema,
+    sql,
+)
 
 import agentloop
 from agentloop import ConfigError, SessionEvent
@@ -295,13 +303,7 @@ async def test_two_serving_runtimes_never_drive_the_same_session(
     _check_exactly_once(await _logs(dsn, ids), acked)
     # Both runtimes took work, and the lease epochs never go back along any log.
     assert {name for names in drivers.values() for name in names} == {"a", "b"}
-    backwards = sql(
-        cluster, schema,
-        "SELECT session_id, seq FROM (SELECT session_id, seq, epoch < lag(epoch)"
-        " OVER (PARTITION BY session_id ORDER BY seq) AS back FROM agentloop_events) e"
-        " WHERE back",
-    )
-    assert backwards == []
+    assert epochs_going_back(cluster, schema) == []
 
 
 async def test_a_full_runtime_leaves_the_work_to_another(dsn: str) -> None:

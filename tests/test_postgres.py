@@ -202,6 +202,17 @@ def sql(cluster: Cluster, schema: str, statement: str, *params: Any) -> list[Any
         return cur.fetchall() if cur.description else []
 
 
+def epochs_going_back(cluster: Cluster, schema: str) -> list[Any]:
+    """Events whose lease epoch is lower than the one before them in their log: a second
+    writer got in after a newer lease had written."""
+    return sql(
+        cluster, schema,
+        "SELECT session_id, seq FROM (SELECT session_id, seq, epoch < lag(epoch)"
+        " OVER (PARTITION BY session_id ORDER BY seq) AS back FROM agentloop_events) e"
+        " WHERE back",
+    )
+
+
 # --- the store ----------------------------------------------------------------------------
 
 
@@ -1176,13 +1187,7 @@ async def test_three_runtimes_with_kills_pauses_and_takeovers(
                 assert len(prompts) == len(set(prompts))
                 await handle.aclose()
     # No session ever had two writers: epochs never go back along a log.
-    backwards = sql(
-        cluster, schema,
-        "SELECT session_id, seq FROM (SELECT session_id, seq, epoch < lag(epoch)"
-        " OVER (PARTITION BY session_id ORDER BY seq) AS back FROM agentloop_events) e"
-        " WHERE back",
-    )
-    assert backwards == []
+    assert epochs_going_back(cluster, schema) == []
 
 
 async def test_rt_sessions_send_reaches_the_driver_in_another_runtime(dsn: str) -> None:
