@@ -691,8 +691,11 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         life.nursery = None
         life.rest(self._requests.proposal)
         del self._session, self._inbox, self._requests, self._runner
-        self._set_status("hibernated")
+        # Announced before the status: an agent/status handler that sends wakes the agent on
+        # the spot, and agent/woken must not come before agent/hibernated.
         self._services.emit(AgentHibernated(self.id, seq))
+        if life.dormant is not None:  # a handler's input may have woken it already
+            self._set_status("hibernated")
         return True
 
     def _load(self) -> Session:

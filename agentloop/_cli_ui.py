@@ -198,6 +198,10 @@ class Inspector:
                     "updated_at": info.updated_at, "live": False, "status": "stored",
                 }
         for agent in self._ctx.agents.list():
+            if agent.status == "hibernated" and agent.id in out:
+                # Listed from the store: reading its session would wake every sleeper.
+                out[agent.id].update(live=True, status="hibernated")
+                continue
             parent = agent.session.meta.get("parent_session_id")
             row = out.setdefault(agent.id, {"id": agent.id, "updated_at": None})
             row.update(

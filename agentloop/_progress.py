@@ -58,6 +58,8 @@ class Reporter:
         return self._call_id
 
     def report(self, message: str, fraction: float | None) -> None:
+        if self.closed:
+            return  # a worker thread's report that reached the trio thread after the call
         if self._timer is not None:
             # Over the pace: this report replaces the one waiting for the timer (the hot
             # path of a flood, so it only stores).

@@ -704,7 +704,7 @@ def _lineage(meta: FrozenDict) -> tuple[str | None, int]:
 class _Tree:
     """The sessions one tree subscription follows, and how far each has been delivered."""
 
-    __slots__ = ("delivered", "live", "root", "supervisor", "tx")
+    __slots__ = ("asleep", "delivered", "live", "root", "supervisor", "tx")
 
     def __init__(
         self, supervisor: Supervisor, root: str, tx: trio.MemorySendChannel[TreeEvent]
@@ -714,12 +714,17 @@ class _Tree:
         # Per session ever followed: the last seq delivered, so a session that leaves and
         # comes back (disposed, then resumed) is not delivered twice.
         self.delivered: dict[str, int] = {}
+        # Hibernated sessions of the tree: followed from the first event after their wake
+        # (a wake announces no SessionCreated; what they logged before is in the store).
+        self.asleep: set[str] = set()
         # Sessions followed from now on: what they logged before is in their ``events``.
         stack = [root]
         while stack:
             sid = stack.pop()
             session = supervisor.sessions.get(sid)
             if session is None:
+                if sid in supervisor.agents:
+                    self.asleep.add(sid)
                 continue
             self.live[sid] = _lineage(session.meta)
             self.delivered[sid] = session.last_seq
@@ -727,17 +732,27 @@ class _Tree:
 
     def appended(self, e: SessionEventAppended) -> None:
         lineage = self.live.get(e.session_id)
+        if lineage is None and e.session_id in self.asleep:
+            lineage = self._woken(e.session_id)
         if lineage is None or e.event.seq <= self.delivered.get(e.session_id, 0):
             return
         self.delivered[e.session_id] = e.event.seq
         self._send(TreeEvent(e.session_id, lineage[0], lineage[1], e.event))
+
+    def _woken(self, session_id: str) -> tuple[str | None, int] | None:
+        session = self.supervisor.sessions.get(session_id)
+        if session is None:
+            return None
+        self.asleep.discard(session_id)
+        lineage = self.live[session_id] = _lineage(session.meta)
+        return lineage
 
     def _in_tree(self, parent: str | None) -> bool:
         # Up the lineage: a parent still in its setup (whose children are published before
         # it is) is not live yet, but is in the tree all the same.
         supervisor, seen = self.supervisor, set()
         while parent is not None and parent not in seen:
-            if parent == self.root or parent in self.live:
+            if parent == self.root or parent in self.live or parent in self.asleep:
                 return True
             seen.add(parent)
             session = supervisor.sessions.get(parent)
@@ -766,6 +781,7 @@ class _Tree:
 
     def disposed(self, e: SessionDisposed) -> None:
         self.live.pop(e.session_id, None)
+        self.asleep.discard(e.session_id)
 
     def _send(self, item: TreeEvent) -> None:
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):

@@ -490,3 +490,71 @@ async def test_a_parent_stays_awake_while_it_has_sub_agents(tmp_path: Path) -> N
         await child.aclose()
         assert handle.agent.hibernate() is True
         await watch.hibernated("parent", 2)
+
+
+async def test_a_tree_subscription_follows_a_hibernated_root_after_its_wake(
+    tmp_path: Path,
+) -> None:
+    # A wake announces no SessionCreated: the tree must still deliver the woken turn.
+    async with runtime(tmp_path / "s.db", after=None) as (rt, model, watch):
+        model.add(reply("first"))
+        handle = await rt.agents.create(session_id="s1", agent_options=OPTIONS)
+        agent = handle.agent
+        agent.followup("one")
+        await agent.wait_idle()
+        assert agent.hibernate() is True
+        await watch.hibernated("s1")
+        async with rt.subagents.subscribe_tree("s1") as rx:
+            model.add(reply("second"))
+            agent.followup("two")
+            await agent.wait_idle()
+            await trio.testing.wait_all_tasks_blocked()
+            got = []
+            with contextlib.suppress(trio.WouldBlock):
+                while True:
+                    got.append(rx.receive_nowait())
+            new = [e.seq for e in agent.session.events if e.seq > 6]
+            assert new, "the woken turn logged events"
+            assert [t.event.seq for t in got] == new
+
+
+async def test_input_from_a_status_handler_orders_hibernated_before_woken(
+    tmp_path: Path,
+) -> None:
+    async with runtime(tmp_path / "s.db", after=None) as (rt, model, watch):
+        model.add(reply("first"))
+        handle = await rt.agents.create(session_id="s1", agent_options=OPTIONS)
+        agent = handle.agent
+        agent.followup("one")
+        await agent.wait_idle()
+        sent: list[str] = []
+
+        def on_status(e: ev.AgentStatus) -> None:
+            if e.status == "hibernated" and not sent:
+                sent.append(agent.followup("two"))
+
+        rt.events.on(ev.AgentStatus, on_status)
+        model.add(reply("second"))
+        assert agent.hibernate() is True
+        await watch.hibernated("s1")
+        await agent.wait_idle()
+        kinds = [type(e).__name__ for e in watch.seen]
+        assert kinds == ["AgentHibernated", "AgentWoken"], kinds
+        assert agent.status == "idle"
+
+
+async def test_the_inspectors_listing_leaves_a_hibernated_agent_asleep(tmp_path: Path) -> None:
+    from agentloop._cli_ui import Inspector
+
+    async with runtime(tmp_path / "s.db", after=None) as (rt, model, watch):
+        model.add(reply("first"))
+        handle = await rt.agents.create(session_id="s1", agent_options=OPTIONS)
+        agent = handle.agent
+        agent.followup("one")
+        await agent.wait_idle()
+        assert agent.hibernate() is True
+        await watch.hibernated("s1")
+        [row] = await Inspector(rt, token="t").sessions()
+        assert (row["id"], row["live"], row["status"]) == ("s1", True, "hibernated")
+        assert agent.status == "hibernated"
+        assert [type(e).__name__ for e in watch.seen] == ["AgentHibernated"]
