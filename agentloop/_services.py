@@ -39,11 +39,28 @@ log = logging.getLogger("agentloop")
 class LeaseClaim:
     """One contender's claim on a session's persistence lease within this runtime."""
 
-    __slots__ = ("published", "settled")
+    __slots__ = ("_event", "_settled", "published")
 
     def __init__(self) -> None:
         self.published = False
-        self.settled = trio.Event()
+        self._settled = False
+        # Made only for a contender that waits: a claim outlives its agent's creation (a
+        # hibernated agent keeps its lease), and agents are many.
+        self._event: trio.Event | None = None
+
+    def settle(self) -> None:
+        """The claim's creation ended: published, or rolled back."""
+        self._settled = True
+        if self._event is not None:
+            self._event.set()
+
+    async def wait_settled(self) -> None:
+        if self._settled:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._event is None:
+            self._event = trio.Event()
+        await self._event.wait()
 
 
 def _setting_tables(config: Config) -> dict[str, Any]:
