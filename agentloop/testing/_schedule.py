@@ -10,6 +10,7 @@ it afterwards: the same operations with the same seed take the same interleaving
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import random
 from collections.abc import Iterator
@@ -41,7 +42,15 @@ def seeded(seed: int) -> Iterator[None]:
     rng = scheduler_random()
     before = rng.getstate()
     rng.seed(seed)
+    # The cyclic collector runs when the process's allocation count says so, and a collected
+    # async generator is finalized by a task trio schedules then: with it running, the same
+    # seed could take another interleaving after other work in the process. Within the block
+    # only reference counts free objects, which the operations decide.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         yield
     finally:
+        if collecting:
+            gc.enable()
         rng.setstate(before)
