@@ -492,16 +492,21 @@ async def test_a_parent_stays_awake_while_it_has_sub_agents(tmp_path: Path) -> N
         await watch.hibernated("parent", 2)
 
 
+async def one_turn(rt: agentloop.Context, model: ScriptedModel) -> agentloop.Agent:
+    """An agent of session ``s1`` that ran one turn and is idle (awake)."""
+    model.add(reply("first"))
+    handle = await rt.agents.create(session_id="s1", agent_options=OPTIONS)
+    handle.agent.followup("one")
+    await handle.agent.wait_idle()
+    return handle.agent
+
+
 async def test_a_tree_subscription_follows_a_hibernated_root_after_its_wake(
     tmp_path: Path,
 ) -> None:
     # A wake announces no SessionCreated: the tree must still deliver the woken turn.
     async with runtime(tmp_path / "s.db", after=None) as (rt, model, watch):
-        model.add(reply("first"))
-        handle = await rt.agents.create(session_id="s1", agent_options=OPTIONS)
-        agent = handle.agent
-        agent.followup("one")
-        await agent.wait_idle()
+        agent = await one_turn(rt, model)
         assert agent.hibernate() is True
         await watch.hibernated("s1")
         async with rt.subagents.subscribe_tree("s1") as rx:
@@ -522,11 +527,7 @@ async def test_input_from_a_status_handler_orders_hibernated_before_woken(
     tmp_path: Path,
 ) -> None:
     async with runtime(tmp_path / "s.db", after=None) as (rt, model, watch):
-        model.add(reply("first"))
-        handle = await rt.agents.create(session_id="s1", agent_options=OPTIONS)
-        agent = handle.agent
-        agent.followup("one")
-        await agent.wait_idle()
+        agent = await one_turn(rt, model)
         sent: list[str] = []
 
         def on_status(e: ev.AgentStatus) -> None:
@@ -547,11 +548,7 @@ async def test_the_inspectors_listing_leaves_a_hibernated_agent_asleep(tmp_path:
     from agentloop._cli_ui import Inspector
 
     async with runtime(tmp_path / "s.db", after=None) as (rt, model, watch):
-        model.add(reply("first"))
-        handle = await rt.agents.create(session_id="s1", agent_options=OPTIONS)
-        agent = handle.agent
-        agent.followup("one")
-        await agent.wait_idle()
+        agent = await one_turn(rt, model)
         assert agent.hibernate() is True
         await watch.hibernated("s1")
         [row] = await Inspector(rt, token="t").sessions()
