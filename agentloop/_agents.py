@@ -677,7 +677,7 @@ class Creation:
                 self._release_claim()
                 raise
         self.token.published = True
-        self.token.settle()
+        self.token.settled.set()
         for deliver in owed:
             # As soon as the agent can take input (published): its next step, or next turn.
             deliver(handle.agent)
@@ -691,7 +691,7 @@ class Creation:
         while (held := leases.get(session_id)) is not None:
             if held.published:
                 raise SessionIdInUse(f"session {session_id!r} is already driven by a live agent")
-            await held.wait_settled()
+            await held.settled.wait()
         leases[session_id] = self.token
 
     async def _load(
@@ -783,7 +783,7 @@ class Creation:
         services = self.services
         if services.leases.get(self.session_id) is self.token:
             del services.leases[self.session_id]
-        self.token.settle()
+        self.token.settled.set()
 
 
 def resumed_config(session: Session, options: AgentOptions | None) -> CallConfig | None:

@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
+from ._util import Latch
+
 if TYPE_CHECKING:
     from ._services import LeaseClaim
 
-__all__ = ["Family", "Latch", "Lifecycle", "Scope"]
+__all__ = ["Family", "Lifecycle", "Scope"]
 
 
 class Family(Protocol):
@@ -33,35 +35,6 @@ class Scope(Protocol):
     """The agent's own scope (a :class:`~agentloop.Context`, a layer above)."""
 
     async def aclose(self) -> None: ...
-
-
-class Latch:
-    """A one-shot event that allocates a ``trio.Event`` only if someone has to wait.
-
-    Idle agents are numerous; most latches are set before anyone waits on them.
-    """
-
-    __slots__ = ("_done", "_event")
-
-    def __init__(self) -> None:
-        self._done = False
-        self._event: trio.Event | None = None
-
-    def set(self) -> None:
-        self._done = True
-        if self._event is not None:
-            self._event.set()
-
-    def is_set(self) -> bool:
-        return self._done
-
-    async def wait(self) -> None:
-        if self._done:
-            await trio.lowlevel.checkpoint()
-            return
-        if self._event is None:
-            self._event = trio.Event()
-        await self._event.wait()
 
 
 def _unbound() -> None:

@@ -26,6 +26,7 @@ from ._llm import LLMService, SystemPrompt
 from ._prices import load_prices
 from ._settings import Settings, flatten_settings
 from ._tools import ToolRegistry
+from ._util import Latch
 
 if TYPE_CHECKING:
     from ._persistence import SessionPersistence
@@ -39,28 +40,13 @@ log = logging.getLogger("agentloop")
 class LeaseClaim:
     """One contender's claim on a session's persistence lease within this runtime."""
 
-    __slots__ = ("_event", "_settled", "published")
+    __slots__ = ("published", "settled")
 
     def __init__(self) -> None:
         self.published = False
-        self._settled = False
-        # Made only for a contender that waits: a claim outlives its agent's creation (a
-        # hibernated agent keeps its lease), and agents are many.
-        self._event: trio.Event | None = None
-
-    def settle(self) -> None:
-        """The claim's creation ended: published, or rolled back."""
-        self._settled = True
-        if self._event is not None:
-            self._event.set()
-
-    async def wait_settled(self) -> None:
-        if self._settled:
-            await trio.lowlevel.checkpoint()
-            return
-        if self._event is None:
-            self._event = trio.Event()
-        await self._event.wait()
+        # A claim outlives its agent's creation (a hibernated agent keeps its lease), and
+        # agents are many: the latch makes an event only for a contender that waits.
+        self.settled = Latch()
 
 
 def _setting_tables(config: Config) -> dict[str, Any]:

@@ -627,7 +627,7 @@ async def _recover_one(
     finally:
         if rt.leases.get(session_id) is claim:
             del rt.leases[session_id]
-        claim.settle()
+        claim.settled.set()
 
 
 def _rebuild_job(

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-__all__ = ["NoPublicConstructor", "construct", "fixup_module_metadata"]
+import trio
+
+__all__ = ["Latch", "NoPublicConstructor", "construct", "fixup_module_metadata"]
 
 T = TypeVar("T")
 
@@ -42,3 +44,32 @@ def fixup_module_metadata(module_name: str, namespace: dict[str, object]) -> Non
             continue
         if getattr(value, "__module__", "").startswith(f"{module_name}._"):
             value.__module__ = module_name
+
+
+class Latch:
+    """A one-shot event that allocates a ``trio.Event`` only if someone has to wait.
+
+    Idle agents are numerous; most latches are set before anyone waits on them.
+    """
+
+    __slots__ = ("_done", "_event")
+
+    def __init__(self) -> None:
+        self._done = False
+        self._event: trio.Event | None = None
+
+    def set(self) -> None:
+        self._done = True
+        if self._event is not None:
+            self._event.set()
+
+    def is_set(self) -> bool:
+        return self._done
+
+    async def wait(self) -> None:
+        if self._done:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._event is None:
+            self._event = trio.Event()
+        await self._event.wait()
