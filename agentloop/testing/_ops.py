@@ -374,6 +374,11 @@ class Spawn(Instant):
                 new = await subagents.spawn(self.text, agent_options=OPTIONS)
             except (SessionIdInUse, RuntimeClosed):
                 return
+            except AgentDisposed as exc:
+                # The parent was closed before (or while) the child was made: a refusal
+                # that is part of the race.
+                race.note(f"{self!r} was refused: {exc}")
+                return
             race.handles.append(new)
 
         race.nursery.start_soon(spawn)
