@@ -87,3 +87,46 @@ def test_every_runtime_shares_one_verifying_tls_context(monkeypatch: pytest.Monk
     assert verifying_context() is first
     monkeypatch.setenv("SSL_CERT_FILE", certifi.where())
     assert verifying_context() is not first
+
+
+def _drawn(strategy: Any, n: int) -> list[Any]:
+    from hypothesis import HealthCheck, given, settings
+
+    seen: list[Any] = []
+
+    @settings(max_examples=n, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def draw(value: Any) -> None:
+        seen.append(value)
+
+    draw()
+    return seen
+
+
+def test_the_weights_decide_how_often_each_kind_is_drawn() -> None:
+    # hypothesis's one_of counts a strategy object once however often it is listed: weights
+    # made by repeating one object were all 1.
+    weights = {k: (12 if k == "followup" else 1) for k in ("followup", "steer", "advance")}
+    lists = _drawn(als.operations(kinds=weights, weights=weights, max_size=4), 300)
+    ops = [op for ops in lists for op in ops]
+    followups = sum(isinstance(op, als.Followup) for op in ops)
+    assert followups > 0.6 * len(ops), (followups, len(ops))
+
+
+def test_tool_calls_and_stalls_are_most_of_a_script() -> None:
+    scripts = _drawn(als.model_scripts(failures=False), 300)
+    drawn = [b for script in scripts for b in script]
+    slow = sum(isinstance(b, (als.CallTools, als.Stall)) for b in drawn)
+    assert slow > 0.6 * len(drawn), (slow, len(drawn))
+
+
+@pytest.mark.parametrize("first", ["close", "spawn"])
+def test_a_spawn_refused_by_a_parent_closed_in_the_same_tick_is_not_a_failure(
+    first: str,
+) -> None:
+    close = als.When("tool-start", als.Close(0))
+    spawn = als.When("tool-start", als.Spawn("x"))
+    armed = [close, spawn] if first == "close" else [spawn, close]
+    run_race([*armed, als.Followup(0), als.Advance(6.0)],
+             script=[als.CallTools(("delegate",))])

@@ -23,7 +23,9 @@ strategy of objects with ``async def apply(self, race)`` (see :class:`Operation`
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TypeVar
 
 from hypothesis import strategies as st
 
@@ -108,16 +110,31 @@ WEIGHTS: Mapping[str, int] = {
 }
 """How often each kind is drawn relative to the others (an ``extra`` strategy weighs 1)."""
 
+_T = TypeVar("_T")
+
+
+def _copies(
+    n: int, make: Callable[[], st.SearchStrategy[_T]],
+) -> list[st.SearchStrategy[_T]]:
+    """``n`` equal strategies, each a distinct object: ``one_of`` counts a strategy object
+    once however often it is listed, and hypothesis hands back one cached object for equal
+    ``builds``/``integers``/... calls, so a weight is made of distinct ``map`` wrappers."""
+    return [make().map(_same) for _ in range(n)]
+
+
+def _same(value: _T) -> _T:
+    return value
+
+
 _TEXT = st.sampled_from(["hi", "go on", "stop that", "why?", "and then"])
 
 
 def _instant(agents: st.SearchStrategy[int]) -> st.SearchStrategy[Instant]:
     """What lands mid-turn: the run controls and input, the close and the approvals (stops
     drawn most)."""
-    cancel = st.builds(Cancel, agents, st.booleans())
-    close = st.builds(Close, agents)
     return st.one_of(
-        cancel, cancel, cancel, close, close,
+        *_copies(3, lambda: st.builds(Cancel, agents, st.booleans())),
+        *_copies(2, lambda: st.builds(Close, agents)),
         st.builds(Steer, agents, _TEXT),
         st.builds(Followup, agents, _TEXT),
         st.builds(Approve, agents, st.integers(0, 2)),
@@ -269,15 +286,15 @@ def operations(
     kinds = tuple(kinds)
     choices: list[st.SearchStrategy[Operation]] = []
     for k in kinds:
-        choices.extend([_kind(k, index)] * max(1, weights.get(k, 1)))
+        choices.extend(_copies(max(1, weights.get(k, 1)), functools.partial(_kind, k, index)))
     choices.extend(extra)
     if not choices:
         raise ValueError("operations() needs at least one kind or extra strategy")
-    single = st.one_of(choices).map(lambda op: [op])
+    single = st.one_of(choices)
     chunks: list[st.SearchStrategy[list[Operation]]] = []
     if patterns and set(kinds) >= set(DEFAULT_KINDS):
         chunks.extend(_patterns(max(agents, 1)))  # first: hypothesis leans toward early branches
-    chunks.extend([single] * 3)
+    chunks.extend(_copies(3, lambda: single.map(lambda op: [op])))
     return st.lists(st.one_of(chunks), min_size=1, max_size=max_size).map(
         lambda parts: [op for part in parts for op in part][:max_size]
     ).filter(lambda ops: len(ops) >= min_size)
@@ -295,18 +312,19 @@ def model_scripts(
     per call, cycling. Tool calls and stalls are drawn most, since turns that take time are
     where operations land mid-turn."""
     # The interesting branches first: hypothesis leans toward early ones in small examples.
-    stall = st.builds(Stall, st.sampled_from([1.0, 2.0, 4.0]), _TEXT)
+    def stall() -> st.SearchStrategy[Behaviour]:
+        return st.builds(Stall, st.sampled_from([1.0, 2.0, 4.0]), _TEXT)
+
     options: list[st.SearchStrategy[Behaviour]] = []
     if tools:
-        calls = st.builds(
-            CallTools, st.lists(
-                st.sampled_from([*tools, *[t for t in tools if t in _LIFECYCLE_TOOLS] * 2]),
-                min_size=1, max_size=3,
-            ).map(tuple),
-            st.sampled_from(["", "let me check"]),
-        )
-        options.extend([calls, calls, calls])
-    options.extend([stall, stall, st.builds(Say, _TEXT), st.builds(Think, _TEXT, _TEXT),
+        names = st.lists(
+            st.sampled_from([*tools, *[t for t in tools if t in _LIFECYCLE_TOOLS] * 2]),
+            min_size=1, max_size=3,
+        ).map(tuple)
+        options.extend(_copies(
+            3, lambda: st.builds(CallTools, names, st.sampled_from(["", "let me check"])),
+        ))
+    options.extend([*_copies(2, stall), st.builds(Say, _TEXT), st.builds(Think, _TEXT, _TEXT),
                     st.builds(MaxTokens, _TEXT)])
     if failures:
         options.append(st.builds(Fail, st.sampled_from([None, 429, 500, 503]),
