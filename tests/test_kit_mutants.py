@@ -209,9 +209,10 @@ _CLEAN = "AGENTLOOP_MUTANTS_CLEAN_PROCESS"
 @pytest.mark.slow
 def test_the_default_strategies_kill_every_mutant(capsys: pytest.CaptureFixture[str]) -> None:
     if not os.environ.get(_CLEAN):
-        # Measured in a process of its own: what other test modules import changes which
-        # interleavings one derandomized search meets (a dependence of the kit's replay on the
-        # process, not yet understood), and the score is of the kit's defaults alone.
+        # Measured in a process of its own: hypothesis draws some integers from constants it
+        # reads in the project's own modules the process has imported, so which examples one
+        # derandomized search meets depends on what other test modules import. The score is
+        # of the kit's defaults; bench_kit_mutants.py measures them over many seeds.
         done = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "slow",
              f"{__file__}::test_the_default_strategies_kill_every_mutant"],
