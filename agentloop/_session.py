@@ -537,10 +537,9 @@ class Session:
         elif type_ == "tool/approval-answered" and self._awaiting:
             self._awaiting.pop(event.data["call_id"], None)
 
-    def append(self, type_: str, data: FrozenDict, turn: int | None) -> SessionEvent:
-        """Append one event whose ``data`` is already frozen JSON; returns it."""
-        event = SessionEvent(len(self._log) + 1, type_, turn, data)
-        self._log.append(event)
+    def _reduce(self, event: SessionEvent) -> None:
+        """What an appended event changes: the history, the open turn, the calls."""
+        type_ = event.type
         reducer = REDUCERS.get(type_)
         if reducer is not None:
             history = self._history
@@ -551,7 +550,7 @@ class Session:
             if type_ != "user/message" and type_ != "steering/message":
                 self._track(event)
         elif type_ == "turn/start":
-            self.turns = turn or self.turns + 1
+            self.turns = event.turn or self.turns + 1
             self._open(event)
         elif type_ == "tool/call" or type_.startswith("tool/approval-"):
             self._track(event)
@@ -559,6 +558,15 @@ class Session:
             self._open_turn = None
         elif type_ == "history/replaced":
             self._replace(event)
+
+    def append(self, type_: str, data: FrozenDict, turn: int | None) -> SessionEvent:
+        """Append one event whose ``data`` is already frozen JSON; returns it."""
+        log = self._log
+        event = SessionEvent(len(log) + 1, type_, turn, data)
+        log.append(event)
+        if type_ != "assistant/chunk":
+            # A chunk changes neither the history nor the calls: most appends stop here.
+            self._reduce(event)
         bus = self._bus
         if bus.has_listeners(SessionEventAppended):
             bus.emit_nowait(SessionEventAppended(self.id, event))
