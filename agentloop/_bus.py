@@ -302,15 +302,19 @@ class EventBus:
 
     @staticmethod
     def _deliver(subs: list[_Feed], event: Event) -> None:
-        agent_id = _owner(event)
-        if type(event).kind == "durable":
-            for sub in subs:
-                if sub.agent_id is None or sub.agent_id == agent_id:
-                    sub.put_durable(event)
-        else:
-            for sub in subs:
-                if sub.agent_id is None or sub.agent_id == agent_id:
-                    sub.put_control(event)
+        durable = type(event).kind == "durable"
+        agent_id: str | None = None
+        owned = False  # the event's owner is looked up for the first scoped subscriber only
+        for sub in subs:
+            if sub.agent_id is not None:
+                if not owned:
+                    agent_id, owned = _owner(event), True
+                if sub.agent_id != agent_id:
+                    continue
+            if durable:
+                sub.put_durable(event)
+            else:
+                sub.put_control(event)
 
     async def emit(self, event: Event) -> Any:
         """Dispatch a hook and return its outcome.
