@@ -505,7 +505,9 @@ class Session:
         self._open_turn = event.turn
         self._turn_usage = {}
 
-    def _track(self, event: SessionEvent) -> None:
+    def _track(self, event: SessionEvent, calls: tuple[ToolCall, ...] | None = None) -> None:
+        """Note what ``event`` changes in the usage and the calls; ``calls`` are an
+        ``assistant/message``'s own, when the history already made them from it."""
         type_ = event.type
         if type_ == "assistant/message":
             usage = event.data.get("usage")
@@ -514,7 +516,7 @@ class Session:
                 _add_usage(self._turn_usage, usage)
                 self._last_call = (usage, len(self._history))
             if not event.data.get("interrupted"):
-                for call in tool_calls_of(event.data):
+                for call in tool_calls_of(event.data) if calls is None else calls:
                     self._unanswered[call.id] = (call, False)
                     if self._call_ids is None:
                         self._call_ids = set()
@@ -545,10 +547,13 @@ class Session:
             history = self._history
             n = len(history)
             reducer(history, event)
+            calls = None
             if len(history) != n:
                 self._origins.append(event.seq)
+                if type_ == "assistant/message":
+                    calls = history[-1].tool_calls  # made from this event's data just now
             if type_ != "user/message" and type_ != "steering/message":
-                self._track(event)
+                self._track(event, calls)
         elif type_ == "turn/start":
             self.turns = event.turn or self.turns + 1
             self._open(event)
