@@ -17,6 +17,7 @@ import inspect
 import itertools
 import logging
 import math
+import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar, overload
@@ -194,24 +195,29 @@ def _drain_per_wake(rx: trio.MemoryReceiveChannel[Any]) -> None:
     namespace = getattr(rx, "__dict__", None)
     if namespace is None:
         return  # a trio whose channels take no attribute: every item costs a schedule point
-    trio_receive = rx.receive
-    receive_nowait = rx.receive_nowait
+    # Weakly: the channel holds this function, and a strong reference back would make the
+    # two a cycle, so a dropped subscription's buffer would wait for the cycle collector.
+    channel_of = weakref.ref(rx)
+    trio_receive = trio.MemoryReceiveChannel.receive
     checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
     taken = 0
 
     async def receive() -> Any:
         nonlocal taken
+        channel = channel_of()
+        if channel is None:
+            raise trio.ClosedResourceError("the subscription's channel is gone")
         if taken < DRAIN_PER_WAKE:
             await checkpoint_if_cancelled()
             try:
-                item = receive_nowait()
+                item = channel.receive_nowait()
             except trio.WouldBlock:
                 pass
             else:
                 taken += 1
                 return item
         taken = 0
-        return await trio_receive()
+        return await trio_receive(channel)
 
     namespace["receive"] = receive
 

@@ -9,6 +9,9 @@ task run, with a task started beside it.
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import trio
 import trio.testing
@@ -117,3 +120,18 @@ async def test_a_clone_reads_the_same_buffer_in_order() -> None:
     rest = [await clone.receive() for _ in range(3)]
     assert [e.agent_id for e in (first, *rest) if isinstance(e, ev.AgentCreated)] == ids
     detach()
+
+
+async def test_a_dropped_subscription_is_freed_without_the_cycle_collector() -> None:
+    bus = EventBus()
+    rx, detach = bus.open_subscription(ev.AgentCreated)
+    emitted(bus, 3)
+    assert isinstance(await rx.receive(), ev.AgentCreated)
+    detach()
+    channel = weakref.ref(rx)
+    gc.disable()
+    try:
+        del rx
+        assert channel() is None  # freed by its reference count: its buffer goes with it
+    finally:
+        gc.enable()
