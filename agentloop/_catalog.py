@@ -125,17 +125,19 @@ async with ctx.events.subscribe((AgentStatus, SessionEventAppended)) as received
 
 The channel is a `trio.MemoryReceiveChannel`, typed by the classes subscribed to. Delivery
 never blocks the emitter: it is one `send_nowait` into the subscription's own unbounded
-channel, which wakes a parked reader at most once per batch. Any kind of event can be
-subscribed to, and an async task is the place to await something in response to a control or
-durable event. A subscription made through an agent's own context only receives events whose
-`agent_id` is that agent's (so none of the `session/*` events).
+channel, which wakes a parked reader at most once per batch; the reader (`receive`, or
+`async for`) then takes what is buffered with a cancel check but no schedule point per event,
+passing one after every 64 so that a long backlog still lets other tasks run. Any kind of
+event can be subscribed to, and an async task is the place to await something in response to
+a control or durable event. A subscription made through an agent's own context only receives
+events whose `agent_id` is that agent's (so none of the `session/*` events).
 
 Durable events (`session/event`) are never dropped, however slow the subscriber: its memory
 grows with its backlog, one buffer slot per event. Control and hook events are bounded: a
 subscriber with `capacity` of them not yet received falls behind; further ones are counted,
 and the next thing it receives is one `Lagged` marker saying how many it missed, followed by
-what came after. To catch up on a large backlog, drain with `receive_nowait` until
-`trio.WouldBlock` (far cheaper per event than `async for`).
+what came after. To catch up on a large backlog, draining with `receive_nowait` until
+`trio.WouldBlock` is cheaper still (no cancel check per event).
 """
 
 

@@ -505,7 +505,9 @@ class Session:
         self._open_turn = event.turn
         self._turn_usage = {}
 
-    def _track(self, event: SessionEvent) -> None:
+    def _track(self, event: SessionEvent, calls: tuple[ToolCall, ...] | None = None) -> None:
+        """Note what ``event`` changes in the usage and the calls; ``calls`` are an
+        ``assistant/message``'s own, when the history already made them from it."""
         type_ = event.type
         if type_ == "assistant/message":
             usage = event.data.get("usage")
@@ -514,7 +516,7 @@ class Session:
                 _add_usage(self._turn_usage, usage)
                 self._last_call = (usage, len(self._history))
             if not event.data.get("interrupted"):
-                for call in tool_calls_of(event.data):
+                for call in tool_calls_of(event.data) if calls is None else calls:
                     self._unanswered[call.id] = (call, False)
                     if self._call_ids is None:
                         self._call_ids = set()
@@ -537,21 +539,23 @@ class Session:
         elif type_ == "tool/approval-answered" and self._awaiting:
             self._awaiting.pop(event.data["call_id"], None)
 
-    def append(self, type_: str, data: FrozenDict, turn: int | None) -> SessionEvent:
-        """Append one event whose ``data`` is already frozen JSON; returns it."""
-        event = SessionEvent(len(self._log) + 1, type_, turn, data)
-        self._log.append(event)
+    def _reduce(self, event: SessionEvent) -> None:
+        """What an appended event changes: the history, the open turn, the calls."""
+        type_ = event.type
         reducer = REDUCERS.get(type_)
         if reducer is not None:
             history = self._history
             n = len(history)
             reducer(history, event)
+            calls = None
             if len(history) != n:
                 self._origins.append(event.seq)
+                if type_ == "assistant/message":
+                    calls = history[-1].tool_calls  # made from this event's data just now
             if type_ != "user/message" and type_ != "steering/message":
-                self._track(event)
+                self._track(event, calls)
         elif type_ == "turn/start":
-            self.turns = turn or self.turns + 1
+            self.turns = event.turn or self.turns + 1
             self._open(event)
         elif type_ == "tool/call" or type_.startswith("tool/approval-"):
             self._track(event)
@@ -559,6 +563,15 @@ class Session:
             self._open_turn = None
         elif type_ == "history/replaced":
             self._replace(event)
+
+    def append(self, type_: str, data: FrozenDict, turn: int | None) -> SessionEvent:
+        """Append one event whose ``data`` is already frozen JSON; returns it."""
+        log = self._log
+        event = SessionEvent(len(log) + 1, type_, turn, data)
+        log.append(event)
+        if type_ != "assistant/chunk":
+            # A chunk changes neither the history nor the calls: most appends stop here.
+            self._reduce(event)
         bus = self._bus
         if bus.has_listeners(SessionEventAppended):
             bus.emit_nowait(SessionEventAppended(self.id, event))
