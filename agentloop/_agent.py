@@ -61,7 +61,7 @@ from ._model import (
 )
 from ._output import FINAL_RESULT, OutputSpec, Verdict, correction
 from ._request import Requests
-from ._run import RunControls
+from ._run import RunControls, take_output
 from ._scheduler import (
     ToolRunner,
     close_unanswered,
@@ -89,7 +89,8 @@ CLOSE_GRACE: Final = 30.0
 # Wakes an idle actor without input (an answer to a suspended approval); never claimed,
 # since claims take content from the inbox lists, not from the channel.
 _WAKE: Final = InboxMessage(MessageId(""), "")
-# Asks an idle actor to hibernate now (Agent.hibernate); never claimed either.
+# A hibernated agent's call settings when they are those its options give.
+_CONFIGURED: Final = object()
 
 _current: contextvars.ContextVar[Agent | None] = contextvars.ContextVar(
     "agentloop_current_agent", default=None
@@ -141,7 +142,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
     """
 
     __slots__ = (
-        "_cancel_cause", "_idle", "_inbox", "_life", "_outputs", "_requests", "_runner",
+        "_cancel_cause", "_idle", "_inbox", "_life", "_requests", "_runner",
         "_services", "_session", "_status", "_turn_scope", "_wake_flag", "cwd", "id", "options",
         "resumed",
     )
@@ -157,28 +158,41 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         resumed: bool = False,
         proposal: CallConfig | None = None,
     ) -> None:
-        # The output spec of each pending run's message (set as the run queues it), taken
-        # by the turn that claims that message: the driver learns a run's output type there.
-        self._outputs: dict[str, OutputSpec] = {}
-        RunControls.__init__(self, services.bus, self._outputs)
+        # A run leaves its message's output spec there as it queues the message, and the
+        # turn that claims the message takes it (take_output): the driver learns a run's
+        # output type there.
+        RunControls.__init__(self, services.bus)
         self._services = services
         self.id: Final = session.id
         self.options: Final = options
         self.cwd = cwd
         self.resumed = resumed
         self._life = life
-        life.bind(self, self._stop, self._actor)
+        life.bind(self, Agent._stop, Agent._actor)
         self._status: Status = "idle"
         self._wake_flag = False
         self._turn_scope: trio.CancelScope | None = None
         self._cancel_cause: str | None = None
         self._idle: trio.Event | None = None
-        self._build(session, proposal or CallConfig(
+        self._build(session, proposal or self._configured())
+
+    def _configured(self) -> CallConfig:
+        """The call settings its options give (what it starts with unless resumed)."""
+        options = self.options
+        return CallConfig(
             provider=options.provider,
             model=options.model,
             reasoning_effort=options.reasoning_effort,
             max_tokens=options.max_tokens,
-        ))
+        )
+
+    def _dormant_config(self) -> CallConfig:
+        """The call settings a hibernated agent goes on with when it wakes."""
+        proposal = self._life.dormant
+        if proposal is _CONFIGURED:
+            return self._configured()
+        assert isinstance(proposal, CallConfig)
+        return proposal
 
     def _build(self, session: Session, proposal: CallConfig) -> None:
         """The state an awake agent holds (what hibernation releases and a wake rebuilds)."""
@@ -215,9 +229,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         if life.dormant is not None:
             if life.stopping:
                 # Rebuilt for reading: no actor starts, and input is refused as disposed.
-                proposal = life.dormant
-                assert isinstance(proposal, CallConfig)
-                self._build(self._load(), proposal)
+                self._build(self._load(), self._dormant_config())
                 life.dormant = None
             else:
                 self._wake("session")
@@ -689,7 +701,9 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         life = self._life
         # The nursery closes with this task; a wake opens another.
         life.nursery = None
-        life.rest(self._requests.proposal)
+        proposal = self._requests.proposal
+        # Most agents go on with what their options give: nothing to keep for them.
+        life.rest(_CONFIGURED if proposal == self._configured() else proposal)
         del self._session, self._inbox, self._requests, self._runner
         # Announced before the status: an agent/status handler that sends wakes the agent on
         # the spot, and agent/woken must not come before agent/hibernated.
@@ -715,8 +729,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         """Reload the session and start the actor again, synchronously, so the input that
         woke the agent lands in its live inbox in the order it was sent."""
         life = self._life
-        proposal = life.dormant
-        assert isinstance(proposal, CallConfig)
+        proposal = self._dormant_config()
         session = self._load()  # raises before anything changes
         self._build(session, proposal)
         life.wake(session)
@@ -777,9 +790,9 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         claimed = () if resuming or going_on else self._claim(turn.number, boundary=True)
         if resuming:
             turn.output = self._suspended_output()
-        elif self._outputs:
+        else:
             for m in claimed:
-                spec = self._outputs.pop(m.id, None)
+                spec = take_output(self, m.id)
                 if spec is not None:
                     turn.output = spec
         try:

@@ -70,7 +70,8 @@ class Scope(Protocol):
     @property
     def closing(self) -> bool: ...
     def child(self, name: str, *, agent_id: str | None = None) -> Scope: ...
-    def own(self, resource: AgentHandle) -> Disposer: ...
+    def own(self, resource: AgentHandle) -> None: ...
+    def disown(self, resource: AgentHandle) -> None: ...
     def track(self, disposer: Disposer) -> Disposer: ...
     def close_registrations(self) -> None: ...
     async def aclose(self) -> None: ...
@@ -153,13 +154,13 @@ class AgentHandle(metaclass=NoPublicConstructor):
     registered, its sub-agents and jobs): only the handle holder has it.
     """
 
-    __slots__ = ("_life", "_release", "_scope", "agent")
+    __slots__ = ("_life", "_owner", "_scope", "agent")
 
     def __init__(self, agent: Agent, life: Lifecycle, scope: Scope) -> None:
         self.agent = agent
         self._life = life
         self._scope = scope
-        self._release: Disposer | None = None
+        self._owner: Scope | None = None
 
     def __repr__(self) -> str:
         return f"<AgentHandle {self.agent.id!r}>"
@@ -171,12 +172,13 @@ class AgentHandle(metaclass=NoPublicConstructor):
 
     def owned_by(self, owner: Scope) -> None:
         """Enter the owner's scope: it closes this handle when it closes."""
-        self._release = owner.own(self)
+        owner.own(self)
+        self._owner = owner
 
     async def aclose(self) -> None:
         await self._life.dispose()
-        if self._release is not None:
-            self._release()
+        if self._owner is not None:
+            self._owner.disown(self)
 
     async def __aenter__(self) -> Self:
         return self
@@ -345,9 +347,7 @@ class Supervisor:
 
     async def start_early(self, agent: Agent, parent: Agent | None) -> None:
         """Start ``agent``'s actor before publication (its setup spawns children under it)."""
-        life = self._lives[agent]
-        life.home = self.nursery_for(parent)
-        await life.home.start(life.actor, name=f"agentloop.agent:{agent.id}")
+        await self._lives[agent].start_actor_early(self.nursery_for(parent))
 
     async def dispose(self, agent: Agent) -> None:
         life = self._lives.get(agent)
@@ -436,8 +436,7 @@ class Supervisor:
             finally:
                 life.announced()
                 if life.nursery is None:  # not started early, for a setup
-                    life.home = nursery
-                    nursery.start_soon(life.actor, name=f"agentloop.agent:{agent.id}")
+                    life.start_actor(nursery)
         except Exception as exc:  # noqa: BLE001 - handed to the creator, who re-raises
             request.reply.error = exc
         finally:
