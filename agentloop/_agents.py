@@ -70,6 +70,7 @@ class Scope(Protocol):
     @property
     def closing(self) -> bool: ...
     def child(self, name: str, *, agent_id: str | None = None) -> Scope: ...
+    def agent_scope(self, agent_id: str, *, closed: bool = False) -> Scope: ...
     def own(self, resource: AgentHandle) -> None: ...
     def disown(self, resource: AgentHandle) -> None: ...
     def track(self, disposer: Disposer) -> Disposer: ...
@@ -154,12 +155,11 @@ class AgentHandle(metaclass=NoPublicConstructor):
     registered, its sub-agents and jobs): only the handle holder has it.
     """
 
-    __slots__ = ("_life", "_owner", "_scope", "agent")
+    __slots__ = ("_life", "_owner", "agent")
 
-    def __init__(self, agent: Agent, life: Lifecycle, scope: Scope) -> None:
+    def __init__(self, agent: Agent, life: Lifecycle) -> None:
         self.agent = agent
         self._life = life
-        self._scope = scope
         self._owner: Scope | None = None
 
     def __repr__(self) -> str:
@@ -168,7 +168,7 @@ class AgentHandle(metaclass=NoPublicConstructor):
     @property
     def ctx(self) -> Any:
         """The agent's scope (a :class:`~agentloop.Context`)."""
-        return self._scope
+        return self._life.scope
 
     def owned_by(self, owner: Scope) -> None:
         """Enter the owner's scope: it closes this handle when it closes."""
@@ -228,9 +228,9 @@ class Supervisor:
         self.sessions: dict[str, Session] = {}
         # Every agent from preparation to quiescence, by the agent itself (same-id contenders
         # are different agents), with its lifecycle (which holds its scope); and the agents
-        # being prepared by their own scope, so a setup's children find their parent.
+        # being prepared, so a setup's children find their parent.
         self._lives: dict[Agent, Lifecycle] = {}
-        self._preparing: dict[Scope, Agent] = {}
+        self._preparing: dict[Agent, None] = {}
         # The tree: each live child under its parent's id, and each child's parent.
         self.children: dict[str, dict[str, Agent]] = {}
         # Parents with a child being created (by id, how many): they do not hibernate.
@@ -264,24 +264,22 @@ class Supervisor:
 
     def prepare(self, services: Services, session: Session, options: AgentOptions | None,
                 owner: Scope, *, cwd: str | None, resumed: bool = False,
-                proposal: CallConfig | None = None) -> tuple[Agent, Lifecycle, Scope]:
-        """A private agent, its lifecycle and its scope (a child of ``owner``'s)."""
-        scope = owner.child(f"agent:{session.id}", agent_id=session.id)
-        life = Lifecycle(services.system_nursery, self, session.id, scope)
+                proposal: CallConfig | None = None) -> tuple[Agent, Lifecycle]:
+        """A private agent and its lifecycle (its scope, a child of ``owner``'s, is made
+        when first used: ``life.scope``)."""
+        life = Lifecycle(services.system_nursery, self, session.id, owner)
         agent = construct(Agent, services, session, options or AgentOptions(), life, cwd=cwd,
                           resumed=resumed, proposal=proposal)
         self._lives[agent] = life
-        self._preparing[scope] = agent
-        return agent, life, scope
+        self._preparing[agent] = None
+        return agent, life
 
     def forget(self, agent: Agent) -> None:
         """A preparation rolled back: the agent never was."""
         life = self._lives.pop(agent, None)
         if life is not None:
             life.abandon()
-            scope = cast("Scope", life.scope)
-            if self._preparing.get(scope) is agent:
-                del self._preparing[scope]
+            self._preparing.pop(agent, None)
 
     def cancel_children(self, agent_id: str) -> None:
         """Cancel the running turn of every live child of ``agent_id`` (cause ``parent``)."""
@@ -322,16 +320,25 @@ class Supervisor:
 
     def agent_of(self, scope: Scope) -> Agent | None:
         """The agent (live or being prepared) whose own scope ``scope`` is."""
-        found = self._preparing.get(scope)
-        if found is None and scope.agent_id is not None:
-            live = self.agents.get(scope.agent_id)
-            if live is not None and self._lives[live].scope is scope:
-                found = live
-        return found
+        agent_id = scope.agent_id
+        if agent_id is None:
+            return None
+        live = self.agents.get(agent_id)
+        if live is not None and self._lives[live].made_scope is scope:
+            return live
+        for agent in self._preparing:  # same-id contenders: told apart by their scope
+            if agent.id == agent_id and self._lives[agent].made_scope is scope:
+                return agent
+        return None
 
     def scope_of(self, agent: Agent) -> Scope | None:
         life = self._lives.get(agent)
         return None if life is None else cast("Scope", life.scope)
+
+    def made_scope_of(self, agent: Agent) -> Scope | None:
+        """``agent``'s scope if it was used (else None: it owns nothing to close)."""
+        life = self._lives.get(agent)
+        return None if life is None else cast("Scope | None", life.made_scope)
 
     def disposing(self, agent: Agent) -> bool:
         life = self._lives.get(agent)
@@ -359,7 +366,7 @@ class Supervisor:
 
     def preparing(self, session_id: str) -> Agent | None:
         """An agent being prepared under this id (its children join the tree before it)."""
-        for agent in self._preparing.values():
+        for agent in self._preparing:
             if agent.id == session_id:
                 return agent
         return None
@@ -423,7 +430,7 @@ class Supervisor:
             nursery = self._actors if parent is None else self._child_nursery(agent, parent)
             self.agents[agent.id] = agent
             self.sessions[agent.id] = agent.session
-            del self._preparing[cast("Scope", life.scope)]
+            del self._preparing[agent]
             life.publish()
             request.handle.owned_by(request.owner)
             if parent is not None:
@@ -632,7 +639,7 @@ class AgentsService:
 
 
 RecoverChildren = Callable[
-    [Services, Supervisor, Agent, Scope], Awaitable[list[Callable[[Agent], None]]]
+    [Services, Supervisor, Agent], Awaitable[list[Callable[[Agent], None]]]
 ]
 
 
@@ -729,7 +736,7 @@ class Creation:
         services, supervisor = self.services, self.supervisor
         session, proposal = await self._load(meta, events)
         cwd = session.meta.get("cwd")
-        agent, life, scope = supervisor.prepare(
+        agent, life = supervisor.prepare(
             services, session, self.options, self.owner,
             cwd=cwd if isinstance(cwd, str) else None, resumed=self.resumed, proposal=proposal,
         )
@@ -738,13 +745,13 @@ class Creation:
         if self.resumed and Creation.recover_children is not None:
             # The crash that left this turn open left its sub-agents' turns open too, and
             # took its jobs' registry; both are mended before setup sees the agent.
-            owed = await Creation.recover_children(services, supervisor, agent, scope)
+            owed = await Creation.recover_children(services, supervisor, agent)
         if self.going_on:
             owed.append(Agent.continue_crashed_turn)
         if self.setup is not None:
             # The actor runs from here, so the children its setup spawns run under it.
             await supervisor.start_early(agent, self.parent)
-            await self.setup(scope)
+            await self.setup(life.scope)
         await trio.lowlevel.checkpoint()
         services.check_open()
         if self.owner.closed or self.owner.closing:
@@ -763,7 +770,7 @@ class Creation:
         life.attached = True
         if backend is not None:
             life.lease = self.token  # released by the actor once it is quiescent
-        handle = construct(AgentHandle, agent, life, scope)
+        handle = construct(AgentHandle, agent, life)
         await supervisor.enter(agent, handle, self.owner, self.parent)
         return handle, owed
 
@@ -771,7 +778,7 @@ class Creation:
         """Undo what was prepared (run shielded and bounded by the caller)."""
         services, backend = self.services, self.services.persistence
         if self.agent is not None:
-            scope = self.supervisor.scope_of(self.agent)
+            scope = self.supervisor.made_scope_of(self.agent)
             self.supervisor.forget(self.agent)
             if scope is not None:
                 await scope.aclose()
@@ -847,7 +854,7 @@ class AgentLoopService:
             _refuse_stored(backend, id)
         session = Session(id, frozen_meta, services.bus)
         cwd = frozen_meta.get("cwd")
-        agent, life, scope = supervisor.prepare(
+        agent, life = supervisor.prepare(
             services, session, options, owner, cwd=cwd if isinstance(cwd, str) else None
         )
         if backend is not None:
@@ -855,10 +862,12 @@ class AgentLoopService:
             claim.published = True
         life.needs_lease = True
         try:
-            supervisor.enter_now(agent, construct(AgentHandle, agent, life, scope), owner)
+            supervisor.enter_now(agent, construct(AgentHandle, agent, life), owner)
         except BaseException:
             supervisor.forget(agent)
-            scope.close_registrations()
+            made = life.made_scope
+            if made is not None:
+                cast("Scope", made).close_registrations()
             if services.leases.get(id) is life.lease:
                 del services.leases[id]
             raise

@@ -380,6 +380,17 @@ class Context:
         """Let go of ``handle`` (harmless when it is not owned, or the scope closed)."""
         self._owned.pop(handle, None)
 
+    def agent_scope(self, agent_id: str, *, closed: bool = False) -> Context:
+        """Agent ``agent_id``'s own scope, a child of this one (made when the agent first
+        uses it). Made closed, and nobody's child, when ``closed`` or this scope is closed:
+        the agent is then disposed, or being disposed, with its owner."""
+        name = f"agent:{agent_id}"
+        if not (closed or self._closed):
+            return self.child(name, agent_id=agent_id)
+        scope = Context(self._services, self._supervisor, name=name, agent_id=agent_id)
+        scope.close_registrations()
+        return scope
+
     def child(self, name: str, *, agent_id: str | None = None) -> Context:
         """A nested scope, closed with this one (or earlier)."""
         if self._closed:

@@ -35,6 +35,12 @@ class Scope(Protocol):
     async def aclose(self) -> None: ...
 
 
+class Owner(Protocol):
+    """The scope that creates the agent, which makes the agent's own scope."""
+
+    def agent_scope(self, agent_id: str, *, closed: bool = False) -> Any: ...
+
+
 def _unbound(agent: object) -> None:
     raise AssertionError("the agent binds its stop before anyone can dispose it")
 
@@ -54,19 +60,23 @@ class Lifecycle:
     """
 
     __slots__ = (
-        "_abandoned", "_actor", "_agent", "_announced", "_changed", "_family", "_quiescent",
-        "_settled", "_stop", "_system", "_teardown_requested", "agent_id", "attached",
-        "dormant", "home", "lease", "needs_lease", "nursery", "published", "scope", "stopping",
+        "_abandoned", "_actor", "_agent", "_announced", "_changed", "_family", "_owner",
+        "_quiescent", "_scope", "_settled", "_stop", "_system", "_teardown_requested",
+        "agent_id", "attached", "dormant", "home", "lease", "needs_lease", "nursery",
+        "published", "stopping",
     )
 
     def __init__(
-        self, system_nursery: trio.Nursery, family: Family, agent_id: str, scope: Scope
+        self, system_nursery: trio.Nursery, family: Family, agent_id: str, owner: Owner
     ) -> None:
         # References, not closures: an idle agent's lifecycle is kept for its whole life.
         self._system = system_nursery
         self._family = family
         self.agent_id = agent_id
-        self.scope = scope
+        # The agent's own scope is made on first use: most agents never register anything,
+        # and an idle one is kept for its whole life.
+        self._owner = owner
+        self._scope: Scope | None = None
         self._agent: Any = None
         self._stop: Callable[[Any], None] = _unbound
         self._actor: Callable[..., Awaitable[None]]
@@ -120,9 +130,24 @@ class Lifecycle:
 
     # --- what the supervisor's side does for the agent ---------------------------------------
 
+    @property
+    def scope(self) -> Any:
+        """The agent's own scope (a child of its creator's), made on first use."""
+        if self._scope is None:
+            self._scope = self._owner.agent_scope(self.agent_id)
+        return self._scope
+
+    @property
+    def made_scope(self) -> Scope | None:
+        """The agent's own scope if anyone used it yet (else None: nothing to close)."""
+        return self._scope
+
     async def close_scope(self) -> None:
-        """Close the agent's scope: its sub-agents (to quiescence), then its registrations."""
-        await self.scope.aclose()
+        """Close the agent's scope: its sub-agents (to quiescence), then its registrations.
+        A scope nobody used is made closed, so a later ``handle.ctx`` reads it closed."""
+        if self._scope is None:
+            self._scope = self._owner.agent_scope(self.agent_id, closed=True)
+        await self._scope.aclose()
 
     def detach(self) -> None:
         """The actor's last act: ask the supervisor to take the agent out of the registries."""
