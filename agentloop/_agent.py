@@ -142,9 +142,8 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
     """
 
     __slots__ = (
-        "_cancel_cause", "_idle", "_inbox", "_life", "_requests", "_runner",
-        "_services", "_session", "_status", "_turn_scope", "_wake_flag", "cwd", "id", "options",
-        "resumed",
+        "_cancel_cause", "_idle", "_inbox", "_life", "_requests", "_services", "_session",
+        "_status", "_tool_runner", "_turn_scope", "_wake_flag", "cwd", "id", "options", "resumed",
     )
 
     def __init__(
@@ -202,10 +201,20 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         self._requests = Requests(
             services, session, proposal, system_prompt=self.options.system_prompt, cwd=self.cwd,
         )
-        self._runner = ToolRunner(
-            services, session, session.id, Approvals(self._wake_idle_waiters),
-            self._stopping, self._flush,
-        )
+        # Made by the first turn or approval that needs it: an idle agent that never ran
+        # here (one of many resumed or created with a history) keeps none.
+        self._tool_runner: ToolRunner | None = None
+
+    @property
+    def _runner(self) -> ToolRunner:
+        runner = self._tool_runner
+        if runner is None:
+            session = self._session
+            runner = self._tool_runner = ToolRunner(
+                self._services, session, session.id, Approvals(self._wake_idle_waiters),
+                self._stopping, self._flush,
+            )
+        return runner
 
     def __repr__(self) -> str:
         return f"<Agent {self.id!r} {self._status}>"
@@ -276,7 +285,9 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         """Tool calls parked by ``Ask(prompt)`` and not answered yet, in the order they were
         parked. Rebuilt from the log, so a resumed session lists what was pending before."""
         awaiting = self.session.awaiting_approval
-        approvals = self._runner.approvals
+        if not awaiting or self._tool_runner is None:
+            return awaiting  # nothing answered yet
+        approvals = self._tool_runner.approvals
         if not approvals.has_answers():
             return awaiting
         return tuple(p for p in awaiting if not approvals.answered(p.call_id))
@@ -334,8 +345,9 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
     def _expire_approvals(self) -> bool:
         """Deny the suspended calls whose approval_timeout ran out; True when any did."""
         timeout = self._services.settings.get(APPROVAL_TIMEOUT)
-        return self._runner.approvals.expire(
-            timeout, [p.call_id for p in self.pending_approvals]
+        pending = self.pending_approvals
+        return bool(pending) and self._runner.approvals.expire(
+            timeout, [p.call_id for p in pending]
         )
 
     def _approval_deadline(self) -> float:
@@ -528,9 +540,11 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         """
         _current.set(self)
         life = self._life
-        self._runner.approvals.note_pending(
-            (p.call_id for p in self.session.awaiting_approval), trio.current_time()
-        )
+        awaiting = self.session.awaiting_approval
+        if awaiting:
+            self._runner.approvals.note_pending(
+                (p.call_id for p in awaiting), trio.current_time()
+            )
         rested = False
         try:
             # The actor's nursery: its cancel scope is the agent's, cancelled when disposal
@@ -539,8 +553,25 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                 life.nursery = nursery
                 task_status.started()
                 # False when the creation rolled back: nothing was published, nothing to do.
+                # Driven here rather than in a function of its own: an idle actor keeps
+                # every frame of its stack, one per agent.
                 if await life.wait_settled():
-                    rested = await self._live(nursery)
+                    try:
+                        if life.stopping:
+                            self._set_grace(nursery)
+                        if not life.attached:
+                            life.attached = True
+                            await self._services.attach_persistence(
+                                self.session, acquire=life.needs_lease
+                            )
+                        rested = await self._drive()  # True when it hibernated
+                    finally:
+                        if not rested:
+                            # Inside the nursery, so what the agent owns (the child actors
+                            # that run here) is disposed to quiescence before the nursery
+                            # waits for them.
+                            with trio.move_on_after(2 * CLOSE_GRACE, shield=True):
+                                await self._close_scope()
             if nursery.cancel_scope.cancelled_caught:
                 log.warning("agent %s ignored disposal for %ss; its scope was cancelled",
                             self.id, CLOSE_GRACE)
@@ -558,25 +589,6 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                     await self._close_scope()
                     await self._services.release_persistence(self.id, life.lease)
                 life.detach()
-
-    async def _live(self, nursery: trio.Nursery) -> bool:
-        """Drive the agent; True when it hibernated (its teardown is then not due)."""
-        life = self._life
-        rested = False
-        try:
-            if life.stopping:
-                self._set_grace(nursery)
-            if not life.attached:
-                life.attached = True
-                await self._services.attach_persistence(self.session, acquire=life.needs_lease)
-            rested = await self._drive()
-            return rested
-        finally:
-            if not rested:
-                # Inside the nursery, so what the agent owns (the child actors that run here)
-                # is disposed to quiescence before the nursery waits for them.
-                with trio.move_on_after(2 * CLOSE_GRACE, shield=True):
-                    await self._close_scope()
 
     async def _close_scope(self) -> None:
         self._stop()
@@ -675,7 +687,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             and (not started or nursery is not None)
             and not (inbox.next_turn or inbox.next_step or self._wake_flag)
             and not life.has_children()
-            and not self._runner.approvals.has_answers()
+            and (self._tool_runner is None or not self._tool_runner.approvals.has_answers())
             and self._approval_deadline() == math.inf
             and callable(getattr(self._services.persistence, "load_now", None))
         )
@@ -704,7 +716,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         proposal = self._requests.proposal
         # Most agents go on with what their options give: nothing to keep for them.
         life.rest(_CONFIGURED if proposal == self._configured() else proposal)
-        del self._session, self._inbox, self._requests, self._runner
+        del self._session, self._inbox, self._requests, self._tool_runner
         # Announced before the status: an agent/status handler that sends wakes the agent on
         # the spot, and agent/woken must not come before agent/hibernated.
         self._services.emit(AgentHibernated(self.id, seq))
