@@ -142,7 +142,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
     """
 
     __slots__ = (
-        "_cancel_cause", "_idle", "_inbox", "_life", "_requests", "_services", "_session",
+        "_cancel_cause", "_idle", "_inbox", "_life", "_model_calls", "_services", "_session",
         "_status", "_tool_runner", "_turn_scope", "_wake_flag", "cwd", "id", "options", "resumed",
     )
 
@@ -173,7 +173,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         self._turn_scope: trio.CancelScope | None = None
         self._cancel_cause: str | None = None
         self._idle: trio.Event | None = None
-        self._build(session, proposal or self._configured())
+        self._build(session, proposal)
 
     def _configured(self) -> CallConfig:
         """The call settings its options give (what it starts with unless resumed)."""
@@ -185,25 +185,36 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             max_tokens=options.max_tokens,
         )
 
-    def _dormant_config(self) -> CallConfig:
-        """The call settings a hibernated agent goes on with when it wakes."""
+    def _dormant_config(self) -> CallConfig | None:
+        """The call settings a hibernated agent goes on with when it wakes (None: those
+        its options give)."""
         proposal = self._life.dormant
         if proposal is _CONFIGURED:
-            return self._configured()
+            return None
         assert isinstance(proposal, CallConfig)
         return proposal
 
-    def _build(self, session: Session, proposal: CallConfig) -> None:
-        """The state an awake agent holds (what hibernation releases and a wake rebuilds)."""
-        services = self._services
+    def _build(self, session: Session, proposal: CallConfig | None) -> None:
+        """The state an awake agent holds (what hibernation releases and a wake rebuilds);
+        ``proposal`` None: the call settings its options give."""
         self._session = session
-        self._inbox = InboxState(session.id, services.bus)
-        self._requests = Requests(
-            services, session, proposal, system_prompt=self.options.system_prompt, cwd=self.cwd,
-        )
+        self._inbox = InboxState(session.id, self._services.bus)
+        # Its model calls are set up by the first step: until then only the call settings
+        # they will propose are kept (nothing, when they are those the options give).
+        self._model_calls: Requests | CallConfig | None = proposal
         # Made by the first turn or approval that needs it: an idle agent that never ran
         # here (one of many resumed or created with a history) keeps none.
         self._tool_runner: ToolRunner | None = None
+
+    @property
+    def _requests(self) -> Requests:
+        made = self._model_calls
+        if not isinstance(made, Requests):
+            made = self._model_calls = Requests(
+                self._services, self._session, made or self._configured(),
+                system_prompt=self.options.system_prompt, cwd=self.cwd,
+            )
+        return made
 
     @property
     def _runner(self) -> ToolRunner:
@@ -713,10 +724,13 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         life = self._life
         # The nursery closes with this task; a wake opens another.
         life.nursery = None
-        proposal = self._requests.proposal
+        made = self._model_calls
+        proposal = made.proposal if isinstance(made, Requests) else made
         # Most agents go on with what their options give: nothing to keep for them.
-        life.rest(_CONFIGURED if proposal == self._configured() else proposal)
-        del self._session, self._inbox, self._requests, self._tool_runner
+        life.rest(
+            _CONFIGURED if proposal is None or proposal == self._configured() else proposal
+        )
+        del self._session, self._inbox, self._model_calls, self._tool_runner
         # Announced before the status: an agent/status handler that sends wakes the agent on
         # the spot, and agent/woken must not come before agent/hibernated.
         self._services.emit(AgentHibernated(self.id, seq))
