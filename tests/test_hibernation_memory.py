@@ -187,3 +187,77 @@ async def test_a_same_id_contender_in_setup_finds_its_own_scope(tmp_path: Path) 
         [handle] = [r for r in results if isinstance(r, agentloop.AgentHandle)]
         assert handle.ctx in [ctx for ctx, _ in owners]
         await handle.aclose()
+
+
+async def test_a_resumed_agent_keeps_its_stored_call_settings_across_a_hibernation(
+    tmp_path: Path,
+) -> None:
+    """A resumed agent goes on with its last request's settings, not those its options
+    give: it keeps them while hibernated (only options-given settings are left out)."""
+    db = tmp_path / "s.db"
+    async with runtime(db) as (rt, model, watch):
+        model.add(reply("first"))
+        first = await rt.agents.create(
+            session_id="s1", agent_options=agentloop.AgentOptions(provider="scripted",
+                                                                  model="chosen"),
+        )
+        first.agent.followup("one")
+        await first.agent.wait_idle()
+        await first.aclose()
+        again = await rt.agents.resume(
+            resume_session_id="s1", agent_options=agentloop.AgentOptions(provider="scripted")
+        )
+        # It never ran a step here before it sleeps.
+        assert again.agent.hibernate()
+        await watch.hibernated("s1")
+        model.add(reply("second"))
+        again.agent.followup("two")
+        await again.agent.wait_idle()
+        assert [r.config.model for r in model.requests] == ["chosen", "chosen"]
+        # One that never ran anywhere goes on with what its options give.
+        model.add(reply("third"))
+        fresh = await rt.agents.create(session_id="s2", agent_options=OPTIONS)
+        assert fresh.agent.hibernate()
+        await watch.hibernated("s2")
+        fresh.agent.followup("three")
+        await fresh.agent.wait_idle()
+        assert model.requests[-1].config == agentloop.CallConfig(
+            provider=OPTIONS.provider, model=OPTIONS.model
+        )
+        await again.aclose()
+        await fresh.aclose()
+
+
+async def test_an_approval_answered_before_any_turn_of_a_resumed_agent(tmp_path: Path) -> None:
+    """A resumed agent's tool runner (and its approvals) is made by the first answer."""
+    db = tmp_path / "s.db"
+    async with runtime(db, after=None) as (rt, model, _watch):
+        ran: list[str] = []
+
+        @rt.tools.tool
+        async def rm(path: str) -> str:
+            """Remove a path."""
+            ran.append(path)
+            return f"removed {path}"
+
+        rt.events.on(
+            ev.ToolPreExecute, lambda e: agentloop.Ask("sure?") if e.call.name == "rm" else None
+        )
+        model.add(reply("", tool_calls=[("rm", {"path": "/x"}, "c1")]))
+        handle = await rt.agents.create(session_id="s1", agent_options=OPTIONS)
+        handle.agent.followup("clean up")
+        with trio.fail_after(10):
+            await handle.agent.wait_idle()
+        assert [p.call_id for p in handle.agent.pending_approvals] == ["c1"]
+        await handle.aclose()
+        again = await rt.agents.resume(resume_session_id="s1", agent_options=OPTIONS)
+        assert [p.call_id for p in again.agent.pending_approvals] == ["c1"]
+        assert not again.agent.deny("c2")
+        model.add(reply("all done"))
+        assert again.agent.approve("c1")
+        assert not again.agent.approve("c1")  # answered once
+        with trio.fail_after(10):
+            await again.agent.wait_idle()
+        assert ran == ["/x"]
+        assert again.agent.pending_approvals == ()
+        await again.aclose()
