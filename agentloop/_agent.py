@@ -77,7 +77,7 @@ from ._util import NoPublicConstructor
 if TYPE_CHECKING:
     from ._services import Services
 
-__all__ = ["Agent", "current_agent", "Status"]
+__all__ = ["Agent", "current_agent", "life_of", "Status"]
 
 log = logging.getLogger("agentloop")
 
@@ -100,6 +100,11 @@ _current: contextvars.ContextVar[Agent | None] = contextvars.ContextVar(
 def current_agent() -> Agent | None:
     """The agent on whose behalf this task runs (its driver, tools and hooks), if any."""
     return _current.get()
+
+
+def life_of(agent: Agent) -> Lifecycle:
+    """The agent's lifecycle (for the supervisor, which keeps no table of its own)."""
+    return agent._life
 
 
 def _freeze_content(content: object) -> Content:

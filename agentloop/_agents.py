@@ -19,7 +19,7 @@ from typing import Any, Final, Literal, Protocol, Self, cast, final
 import attrs
 import trio
 
-from ._agent import CLOSE_GRACE, Agent, _freeze_content, current_agent
+from ._agent import CLOSE_GRACE, Agent, _freeze_content, current_agent, life_of
 from ._bus import Disposer
 from ._errors import AgentDisposed as AgentDisposedError
 from ._errors import (
@@ -226,10 +226,9 @@ class Supervisor:
         self._actors: trio.Nursery | None = None
         self.agents: dict[str, Agent] = {}
         self.sessions: dict[str, Session] = {}
-        # Every agent from preparation to quiescence, by the agent itself (same-id contenders
-        # are different agents), with its lifecycle (which holds its scope); and the agents
-        # being prepared, so a setup's children find their parent.
-        self._lives: dict[Agent, Lifecycle] = {}
+        # The agents being prepared, so a setup's children find their parent. Every agent's
+        # lifecycle (which holds its scope) is its own (life_of), active from preparation
+        # to quiescence: no table here keeps one per agent.
         self._preparing: dict[Agent, None] = {}
         # The tree: each live child under its parent's id, and each child's parent.
         self.children: dict[str, dict[str, Agent]] = {}
@@ -270,13 +269,18 @@ class Supervisor:
         life = Lifecycle(services.system_nursery, self, session.id, owner)
         agent = construct(Agent, services, session, options or AgentOptions(), life, cwd=cwd,
                           resumed=resumed, proposal=proposal)
-        self._lives[agent] = life
         self._preparing[agent] = None
         return agent, life
 
+    @staticmethod
+    def _life(agent: Agent) -> Lifecycle | None:
+        """``agent``'s lifecycle from its preparation to its quiescence (else None)."""
+        life = life_of(agent)
+        return life if life.active else None
+
     def forget(self, agent: Agent) -> None:
         """A preparation rolled back: the agent never was."""
-        life = self._lives.pop(agent, None)
+        life = self._life(agent)
         if life is not None:
             life.abandon()
             self._preparing.pop(agent, None)
@@ -324,29 +328,29 @@ class Supervisor:
         if agent_id is None:
             return None
         live = self.agents.get(agent_id)
-        if live is not None and self._lives[live].made_scope is scope:
+        if live is not None and life_of(live).made_scope is scope:
             return live
         for agent in self._preparing:  # same-id contenders: told apart by their scope
-            if agent.id == agent_id and self._lives[agent].made_scope is scope:
+            if agent.id == agent_id and life_of(agent).made_scope is scope:
                 return agent
         return None
 
     def scope_of(self, agent: Agent) -> Scope | None:
-        life = self._lives.get(agent)
+        life = self._life(agent)
         return None if life is None else cast("Scope", life.scope)
 
     def made_scope_of(self, agent: Agent) -> Scope | None:
         """``agent``'s scope if it was used (else None: it owns nothing to close)."""
-        life = self._lives.get(agent)
+        life = self._life(agent)
         return None if life is None else cast("Scope | None", life.made_scope)
 
     def disposing(self, agent: Agent) -> bool:
-        life = self._lives.get(agent)
+        life = self._life(agent)
         return life is None or life.disposing
 
     def nursery_for(self, agent: Agent | None) -> trio.Nursery:
         """Where work owned by ``agent`` runs: its actor's nursery (else the supervisor's)."""
-        life = self._lives.get(agent) if agent is not None else None
+        life = self._life(agent) if agent is not None else None
         if life is not None and life.nursery is not None:
             return life.nursery
         assert self._actors is not None
@@ -354,10 +358,10 @@ class Supervisor:
 
     async def start_early(self, agent: Agent, parent: Agent | None) -> None:
         """Start ``agent``'s actor before publication (its setup spawns children under it)."""
-        await self._lives[agent].start_actor_early(self.nursery_for(parent))
+        await life_of(agent).start_actor_early(self.nursery_for(parent))
 
     async def dispose(self, agent: Agent) -> None:
-        life = self._lives.get(agent)
+        life = self._life(agent)
         if life is not None:
             await life.dispose()
 
@@ -391,7 +395,7 @@ class Supervisor:
                     parent: Agent | None = None) -> None:
         """Ask for publication and wait for the verdict (``SessionIdInUse`` for a loser)."""
         reply = _Reply()
-        self._tx.send_nowait(_Enter(agent, self._lives[agent], handle, owner, reply, parent))
+        self._tx.send_nowait(_Enter(agent, life_of(agent), handle, owner, reply, parent))
         # Shielded: the verdict is immediate, and a creator cancelled while the supervisor
         # publishes must not be left not knowing it won.
         with trio.CancelScope(shield=True):
@@ -403,7 +407,7 @@ class Supervisor:
         """Publication for ``agent_loop.create``, which is synchronous by contract and so
         cannot wait for a message round trip; applied by the same code as a request."""
         reply = _Reply()
-        self._apply_enter(_Enter(agent, self._lives[agent], handle, owner, reply))
+        self._apply_enter(_Enter(agent, life_of(agent), handle, owner, reply))
         if reply.error is not None:
             raise reply.error
 
@@ -468,7 +472,7 @@ class Supervisor:
                 self.sessions.pop(agent.id, None)
                 services.emit(SessionDisposed(agent.id))
         finally:
-            life = self._lives.pop(agent, None)
+            life = self._life(agent)
             if life is not None:
                 life.quiesced()
 

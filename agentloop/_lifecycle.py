@@ -245,3 +245,8 @@ class Lifecycle:
     @property
     def quiescent(self) -> bool:
         return self._quiescent
+
+    @property
+    def active(self) -> bool:
+        """From preparation until quiescence, unless its creation rolled back."""
+        return not (self._quiescent or self._abandoned)
