@@ -61,7 +61,7 @@ from ._model import (
 )
 from ._output import FINAL_RESULT, OutputSpec, Verdict, correction
 from ._request import Requests
-from ._run import RunControls
+from ._run import RunControls, take_output
 from ._scheduler import (
     ToolRunner,
     close_unanswered,
@@ -77,7 +77,7 @@ from ._util import NoPublicConstructor
 if TYPE_CHECKING:
     from ._services import Services
 
-__all__ = ["Agent", "current_agent", "Status"]
+__all__ = ["Agent", "current_agent", "life_of", "Status"]
 
 log = logging.getLogger("agentloop")
 
@@ -89,7 +89,8 @@ CLOSE_GRACE: Final = 30.0
 # Wakes an idle actor without input (an answer to a suspended approval); never claimed,
 # since claims take content from the inbox lists, not from the channel.
 _WAKE: Final = InboxMessage(MessageId(""), "")
-# Asks an idle actor to hibernate now (Agent.hibernate); never claimed either.
+# A hibernated agent's call settings when they are those its options give.
+_CONFIGURED: Final = object()
 
 _current: contextvars.ContextVar[Agent | None] = contextvars.ContextVar(
     "agentloop_current_agent", default=None
@@ -99,6 +100,11 @@ _current: contextvars.ContextVar[Agent | None] = contextvars.ContextVar(
 def current_agent() -> Agent | None:
     """The agent on whose behalf this task runs (its driver, tools and hooks), if any."""
     return _current.get()
+
+
+def life_of(agent: Agent) -> Lifecycle:
+    """The agent's lifecycle (for the supervisor, which keeps no table of its own)."""
+    return agent._life
 
 
 def _freeze_content(content: object) -> Content:
@@ -141,9 +147,8 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
     """
 
     __slots__ = (
-        "_cancel_cause", "_idle", "_inbox", "_life", "_outputs", "_requests", "_runner",
-        "_services", "_session", "_status", "_turn_scope", "_wake_flag", "cwd", "id", "options",
-        "resumed",
+        "_cancel_cause", "_idle", "_inbox", "_life", "_model_calls", "_services", "_session",
+        "_status", "_tool_runner", "_turn_scope", "_wake_flag", "cwd", "id", "options", "resumed",
     )
 
     def __init__(
@@ -157,41 +162,75 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         resumed: bool = False,
         proposal: CallConfig | None = None,
     ) -> None:
-        # The output spec of each pending run's message (set as the run queues it), taken
-        # by the turn that claims that message: the driver learns a run's output type there.
-        self._outputs: dict[str, OutputSpec] = {}
-        RunControls.__init__(self, services.bus, self._outputs)
+        # A run leaves its message's output spec there as it queues the message, and the
+        # turn that claims the message takes it (take_output): the driver learns a run's
+        # output type there.
+        RunControls.__init__(self, services.bus)
         self._services = services
         self.id: Final = session.id
         self.options: Final = options
         self.cwd = cwd
         self.resumed = resumed
         self._life = life
-        life.bind(self, self._stop, self._actor)
+        life.bind(self, Agent._stop, Agent._actor)
         self._status: Status = "idle"
         self._wake_flag = False
         self._turn_scope: trio.CancelScope | None = None
         self._cancel_cause: str | None = None
         self._idle: trio.Event | None = None
-        self._build(session, proposal or CallConfig(
+        self._build(session, proposal)
+
+    def _configured(self) -> CallConfig:
+        """The call settings its options give (what it starts with unless resumed)."""
+        options = self.options
+        return CallConfig(
             provider=options.provider,
             model=options.model,
             reasoning_effort=options.reasoning_effort,
             max_tokens=options.max_tokens,
-        ))
+        )
 
-    def _build(self, session: Session, proposal: CallConfig) -> None:
-        """The state an awake agent holds (what hibernation releases and a wake rebuilds)."""
-        services = self._services
+    def _dormant_config(self) -> CallConfig | None:
+        """The call settings a hibernated agent goes on with when it wakes (None: those
+        its options give)."""
+        proposal = self._life.dormant
+        if proposal is _CONFIGURED:
+            return None
+        assert isinstance(proposal, CallConfig)
+        return proposal
+
+    def _build(self, session: Session, proposal: CallConfig | None) -> None:
+        """The state an awake agent holds (what hibernation releases and a wake rebuilds);
+        ``proposal`` None: the call settings its options give."""
         self._session = session
-        self._inbox = InboxState(session.id, services.bus)
-        self._requests = Requests(
-            services, session, proposal, system_prompt=self.options.system_prompt, cwd=self.cwd,
-        )
-        self._runner = ToolRunner(
-            services, session, session.id, Approvals(self._wake_idle_waiters),
-            self._stopping, self._flush,
-        )
+        self._inbox = InboxState(session.id, self._services.bus)
+        # Its model calls are set up by the first step: until then only the call settings
+        # they will propose are kept (nothing, when they are those the options give).
+        self._model_calls: Requests | CallConfig | None = proposal
+        # Made by the first turn or approval that needs it: an idle agent that never ran
+        # here (one of many resumed or created with a history) keeps none.
+        self._tool_runner: ToolRunner | None = None
+
+    @property
+    def _requests(self) -> Requests:
+        made = self._model_calls
+        if not isinstance(made, Requests):
+            made = self._model_calls = Requests(
+                self._services, self._session, made or self._configured(),
+                system_prompt=self.options.system_prompt, cwd=self.cwd,
+            )
+        return made
+
+    @property
+    def _runner(self) -> ToolRunner:
+        runner = self._tool_runner
+        if runner is None:
+            session = self._session
+            runner = self._tool_runner = ToolRunner(
+                self._services, session, session.id, Approvals(self._wake_idle_waiters),
+                self._stopping, self._flush,
+            )
+        return runner
 
     def __repr__(self) -> str:
         return f"<Agent {self.id!r} {self._status}>"
@@ -215,9 +254,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         if life.dormant is not None:
             if life.stopping:
                 # Rebuilt for reading: no actor starts, and input is refused as disposed.
-                proposal = life.dormant
-                assert isinstance(proposal, CallConfig)
-                self._build(self._load(), proposal)
+                self._build(self._load(), self._dormant_config())
                 life.dormant = None
             else:
                 self._wake("session")
@@ -264,7 +301,9 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         """Tool calls parked by ``Ask(prompt)`` and not answered yet, in the order they were
         parked. Rebuilt from the log, so a resumed session lists what was pending before."""
         awaiting = self.session.awaiting_approval
-        approvals = self._runner.approvals
+        if not awaiting or self._tool_runner is None:
+            return awaiting  # nothing answered yet
+        approvals = self._tool_runner.approvals
         if not approvals.has_answers():
             return awaiting
         return tuple(p for p in awaiting if not approvals.answered(p.call_id))
@@ -322,8 +361,9 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
     def _expire_approvals(self) -> bool:
         """Deny the suspended calls whose approval_timeout ran out; True when any did."""
         timeout = self._services.settings.get(APPROVAL_TIMEOUT)
-        return self._runner.approvals.expire(
-            timeout, [p.call_id for p in self.pending_approvals]
+        pending = self.pending_approvals
+        return bool(pending) and self._runner.approvals.expire(
+            timeout, [p.call_id for p in pending]
         )
 
     def _approval_deadline(self) -> float:
@@ -516,9 +556,11 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         """
         _current.set(self)
         life = self._life
-        self._runner.approvals.note_pending(
-            (p.call_id for p in self.session.awaiting_approval), trio.current_time()
-        )
+        awaiting = self.session.awaiting_approval
+        if awaiting:
+            self._runner.approvals.note_pending(
+                (p.call_id for p in awaiting), trio.current_time()
+            )
         rested = False
         try:
             # The actor's nursery: its cancel scope is the agent's, cancelled when disposal
@@ -527,8 +569,25 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                 life.nursery = nursery
                 task_status.started()
                 # False when the creation rolled back: nothing was published, nothing to do.
+                # Driven here rather than in a function of its own: an idle actor keeps
+                # every frame of its stack, one per agent.
                 if await life.wait_settled():
-                    rested = await self._live(nursery)
+                    try:
+                        if life.stopping:
+                            self._set_grace(nursery)
+                        if not life.attached:
+                            life.attached = True
+                            await self._services.attach_persistence(
+                                self.session, acquire=life.needs_lease
+                            )
+                        rested = await self._drive()  # True when it hibernated
+                    finally:
+                        if not rested:
+                            # Inside the nursery, so what the agent owns (the child actors
+                            # that run here) is disposed to quiescence before the nursery
+                            # waits for them.
+                            with trio.move_on_after(2 * CLOSE_GRACE, shield=True):
+                                await self._close_scope()
             if nursery.cancel_scope.cancelled_caught:
                 log.warning("agent %s ignored disposal for %ss; its scope was cancelled",
                             self.id, CLOSE_GRACE)
@@ -546,25 +605,6 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                     await self._close_scope()
                     await self._services.release_persistence(self.id, life.lease)
                 life.detach()
-
-    async def _live(self, nursery: trio.Nursery) -> bool:
-        """Drive the agent; True when it hibernated (its teardown is then not due)."""
-        life = self._life
-        rested = False
-        try:
-            if life.stopping:
-                self._set_grace(nursery)
-            if not life.attached:
-                life.attached = True
-                await self._services.attach_persistence(self.session, acquire=life.needs_lease)
-            rested = await self._drive()
-            return rested
-        finally:
-            if not rested:
-                # Inside the nursery, so what the agent owns (the child actors that run here)
-                # is disposed to quiescence before the nursery waits for them.
-                with trio.move_on_after(2 * CLOSE_GRACE, shield=True):
-                    await self._close_scope()
 
     async def _close_scope(self) -> None:
         self._stop()
@@ -663,7 +703,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             and (not started or nursery is not None)
             and not (inbox.next_turn or inbox.next_step or self._wake_flag)
             and not life.has_children()
-            and not self._runner.approvals.has_answers()
+            and (self._tool_runner is None or not self._tool_runner.approvals.has_answers())
             and self._approval_deadline() == math.inf
             and callable(getattr(self._services.persistence, "load_now", None))
         )
@@ -689,8 +729,13 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         life = self._life
         # The nursery closes with this task; a wake opens another.
         life.nursery = None
-        life.rest(self._requests.proposal)
-        del self._session, self._inbox, self._requests, self._runner
+        made = self._model_calls
+        proposal = made.proposal if isinstance(made, Requests) else made
+        # Most agents go on with what their options give: nothing to keep for them.
+        life.rest(
+            _CONFIGURED if proposal is None or proposal == self._configured() else proposal
+        )
+        del self._session, self._inbox, self._model_calls, self._tool_runner
         # Announced before the status: an agent/status handler that sends wakes the agent on
         # the spot, and agent/woken must not come before agent/hibernated.
         self._services.emit(AgentHibernated(self.id, seq))
@@ -715,8 +760,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         """Reload the session and start the actor again, synchronously, so the input that
         woke the agent lands in its live inbox in the order it was sent."""
         life = self._life
-        proposal = life.dormant
-        assert isinstance(proposal, CallConfig)
+        proposal = self._dormant_config()
         session = self._load()  # raises before anything changes
         self._build(session, proposal)
         life.wake(session)
@@ -777,9 +821,9 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         claimed = () if resuming or going_on else self._claim(turn.number, boundary=True)
         if resuming:
             turn.output = self._suspended_output()
-        elif self._outputs:
+        else:
             for m in claimed:
-                spec = self._outputs.pop(m.id, None)
+                spec = take_output(self, m.id)
                 if spec is not None:
                     turn.output = spec
         try:

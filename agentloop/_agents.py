@@ -19,7 +19,7 @@ from typing import Any, Final, Literal, Protocol, Self, cast, final
 import attrs
 import trio
 
-from ._agent import CLOSE_GRACE, Agent, _freeze_content, current_agent
+from ._agent import CLOSE_GRACE, Agent, _freeze_content, current_agent, life_of
 from ._bus import Disposer
 from ._errors import AgentDisposed as AgentDisposedError
 from ._errors import (
@@ -70,7 +70,9 @@ class Scope(Protocol):
     @property
     def closing(self) -> bool: ...
     def child(self, name: str, *, agent_id: str | None = None) -> Scope: ...
-    def own(self, resource: AgentHandle) -> Disposer: ...
+    def agent_scope(self, agent_id: str, *, closed: bool = False) -> Scope: ...
+    def own(self, resource: AgentHandle) -> None: ...
+    def disown(self, resource: AgentHandle) -> None: ...
     def track(self, disposer: Disposer) -> Disposer: ...
     def close_registrations(self) -> None: ...
     async def aclose(self) -> None: ...
@@ -153,13 +155,12 @@ class AgentHandle(metaclass=NoPublicConstructor):
     registered, its sub-agents and jobs): only the handle holder has it.
     """
 
-    __slots__ = ("_life", "_release", "_scope", "agent")
+    __slots__ = ("_life", "_owner", "agent")
 
-    def __init__(self, agent: Agent, life: Lifecycle, scope: Scope) -> None:
+    def __init__(self, agent: Agent, life: Lifecycle) -> None:
         self.agent = agent
         self._life = life
-        self._scope = scope
-        self._release: Disposer | None = None
+        self._owner: Scope | None = None
 
     def __repr__(self) -> str:
         return f"<AgentHandle {self.agent.id!r}>"
@@ -167,16 +168,17 @@ class AgentHandle(metaclass=NoPublicConstructor):
     @property
     def ctx(self) -> Any:
         """The agent's scope (a :class:`~agentloop.Context`)."""
-        return self._scope
+        return self._life.scope
 
     def owned_by(self, owner: Scope) -> None:
         """Enter the owner's scope: it closes this handle when it closes."""
-        self._release = owner.own(self)
+        owner.own(self)
+        self._owner = owner
 
     async def aclose(self) -> None:
         await self._life.dispose()
-        if self._release is not None:
-            self._release()
+        if self._owner is not None:
+            self._owner.disown(self)
 
     async def __aenter__(self) -> Self:
         return self
@@ -224,11 +226,10 @@ class Supervisor:
         self._actors: trio.Nursery | None = None
         self.agents: dict[str, Agent] = {}
         self.sessions: dict[str, Session] = {}
-        # Every agent from preparation to quiescence, by the agent itself (same-id contenders
-        # are different agents), with its lifecycle (which holds its scope); and the agents
-        # being prepared by their own scope, so a setup's children find their parent.
-        self._lives: dict[Agent, Lifecycle] = {}
-        self._preparing: dict[Scope, Agent] = {}
+        # The agents being prepared, so a setup's children find their parent. Every agent's
+        # lifecycle (which holds its scope) is its own (life_of), active from preparation
+        # to quiescence: no table here keeps one per agent.
+        self._preparing: dict[Agent, None] = {}
         # The tree: each live child under its parent's id, and each child's parent.
         self.children: dict[str, dict[str, Agent]] = {}
         # Parents with a child being created (by id, how many): they do not hibernate.
@@ -262,24 +263,27 @@ class Supervisor:
 
     def prepare(self, services: Services, session: Session, options: AgentOptions | None,
                 owner: Scope, *, cwd: str | None, resumed: bool = False,
-                proposal: CallConfig | None = None) -> tuple[Agent, Lifecycle, Scope]:
-        """A private agent, its lifecycle and its scope (a child of ``owner``'s)."""
-        scope = owner.child(f"agent:{session.id}", agent_id=session.id)
-        life = Lifecycle(services.system_nursery, self, session.id, scope)
+                proposal: CallConfig | None = None) -> tuple[Agent, Lifecycle]:
+        """A private agent and its lifecycle (its scope, a child of ``owner``'s, is made
+        when first used: ``life.scope``)."""
+        life = Lifecycle(services.system_nursery, self, session.id, owner)
         agent = construct(Agent, services, session, options or AgentOptions(), life, cwd=cwd,
                           resumed=resumed, proposal=proposal)
-        self._lives[agent] = life
-        self._preparing[scope] = agent
-        return agent, life, scope
+        self._preparing[agent] = None
+        return agent, life
+
+    @staticmethod
+    def _life(agent: Agent) -> Lifecycle | None:
+        """``agent``'s lifecycle from its preparation to its quiescence (else None)."""
+        life = life_of(agent)
+        return life if life.active else None
 
     def forget(self, agent: Agent) -> None:
         """A preparation rolled back: the agent never was."""
-        life = self._lives.pop(agent, None)
+        life = self._life(agent)
         if life is not None:
             life.abandon()
-            scope = cast("Scope", life.scope)
-            if self._preparing.get(scope) is agent:
-                del self._preparing[scope]
+            self._preparing.pop(agent, None)
 
     def cancel_children(self, agent_id: str) -> None:
         """Cancel the running turn of every live child of ``agent_id`` (cause ``parent``)."""
@@ -320,24 +324,33 @@ class Supervisor:
 
     def agent_of(self, scope: Scope) -> Agent | None:
         """The agent (live or being prepared) whose own scope ``scope`` is."""
-        found = self._preparing.get(scope)
-        if found is None and scope.agent_id is not None:
-            live = self.agents.get(scope.agent_id)
-            if live is not None and self._lives[live].scope is scope:
-                found = live
-        return found
+        agent_id = scope.agent_id
+        if agent_id is None:
+            return None
+        live = self.agents.get(agent_id)
+        if live is not None and life_of(live).made_scope is scope:
+            return live
+        for agent in self._preparing:  # same-id contenders: told apart by their scope
+            if agent.id == agent_id and life_of(agent).made_scope is scope:
+                return agent
+        return None
 
     def scope_of(self, agent: Agent) -> Scope | None:
-        life = self._lives.get(agent)
+        life = self._life(agent)
         return None if life is None else cast("Scope", life.scope)
 
+    def made_scope_of(self, agent: Agent) -> Scope | None:
+        """``agent``'s scope if it was used (else None: it owns nothing to close)."""
+        life = self._life(agent)
+        return None if life is None else cast("Scope | None", life.made_scope)
+
     def disposing(self, agent: Agent) -> bool:
-        life = self._lives.get(agent)
+        life = self._life(agent)
         return life is None or life.disposing
 
     def nursery_for(self, agent: Agent | None) -> trio.Nursery:
         """Where work owned by ``agent`` runs: its actor's nursery (else the supervisor's)."""
-        life = self._lives.get(agent) if agent is not None else None
+        life = self._life(agent) if agent is not None else None
         if life is not None and life.nursery is not None:
             return life.nursery
         assert self._actors is not None
@@ -345,12 +358,10 @@ class Supervisor:
 
     async def start_early(self, agent: Agent, parent: Agent | None) -> None:
         """Start ``agent``'s actor before publication (its setup spawns children under it)."""
-        life = self._lives[agent]
-        life.home = self.nursery_for(parent)
-        await life.home.start(life.actor, name=f"agentloop.agent:{agent.id}")
+        await life_of(agent).start_actor_early(self.nursery_for(parent))
 
     async def dispose(self, agent: Agent) -> None:
-        life = self._lives.get(agent)
+        life = self._life(agent)
         if life is not None:
             await life.dispose()
 
@@ -359,7 +370,7 @@ class Supervisor:
 
     def preparing(self, session_id: str) -> Agent | None:
         """An agent being prepared under this id (its children join the tree before it)."""
-        for agent in self._preparing.values():
+        for agent in self._preparing:
             if agent.id == session_id:
                 return agent
         return None
@@ -384,7 +395,7 @@ class Supervisor:
                     parent: Agent | None = None) -> None:
         """Ask for publication and wait for the verdict (``SessionIdInUse`` for a loser)."""
         reply = _Reply()
-        self._tx.send_nowait(_Enter(agent, self._lives[agent], handle, owner, reply, parent))
+        self._tx.send_nowait(_Enter(agent, life_of(agent), handle, owner, reply, parent))
         # Shielded: the verdict is immediate, and a creator cancelled while the supervisor
         # publishes must not be left not knowing it won.
         with trio.CancelScope(shield=True):
@@ -396,7 +407,7 @@ class Supervisor:
         """Publication for ``agent_loop.create``, which is synchronous by contract and so
         cannot wait for a message round trip; applied by the same code as a request."""
         reply = _Reply()
-        self._apply_enter(_Enter(agent, self._lives[agent], handle, owner, reply))
+        self._apply_enter(_Enter(agent, life_of(agent), handle, owner, reply))
         if reply.error is not None:
             raise reply.error
 
@@ -423,7 +434,7 @@ class Supervisor:
             nursery = self._actors if parent is None else self._child_nursery(agent, parent)
             self.agents[agent.id] = agent
             self.sessions[agent.id] = agent.session
-            del self._preparing[cast("Scope", life.scope)]
+            del self._preparing[agent]
             life.publish()
             request.handle.owned_by(request.owner)
             if parent is not None:
@@ -436,8 +447,7 @@ class Supervisor:
             finally:
                 life.announced()
                 if life.nursery is None:  # not started early, for a setup
-                    life.home = nursery
-                    nursery.start_soon(life.actor, name=f"agentloop.agent:{agent.id}")
+                    life.start_actor(nursery)
         except Exception as exc:  # noqa: BLE001 - handed to the creator, who re-raises
             request.reply.error = exc
         finally:
@@ -462,7 +472,7 @@ class Supervisor:
                 self.sessions.pop(agent.id, None)
                 services.emit(SessionDisposed(agent.id))
         finally:
-            life = self._lives.pop(agent, None)
+            life = self._life(agent)
             if life is not None:
                 life.quiesced()
 
@@ -633,7 +643,7 @@ class AgentsService:
 
 
 RecoverChildren = Callable[
-    [Services, Supervisor, Agent, Scope], Awaitable[list[Callable[[Agent], None]]]
+    [Services, Supervisor, Agent], Awaitable[list[Callable[[Agent], None]]]
 ]
 
 
@@ -730,7 +740,7 @@ class Creation:
         services, supervisor = self.services, self.supervisor
         session, proposal = await self._load(meta, events)
         cwd = session.meta.get("cwd")
-        agent, life, scope = supervisor.prepare(
+        agent, life = supervisor.prepare(
             services, session, self.options, self.owner,
             cwd=cwd if isinstance(cwd, str) else None, resumed=self.resumed, proposal=proposal,
         )
@@ -739,13 +749,13 @@ class Creation:
         if self.resumed and Creation.recover_children is not None:
             # The crash that left this turn open left its sub-agents' turns open too, and
             # took its jobs' registry; both are mended before setup sees the agent.
-            owed = await Creation.recover_children(services, supervisor, agent, scope)
+            owed = await Creation.recover_children(services, supervisor, agent)
         if self.going_on:
             owed.append(Agent.continue_crashed_turn)
         if self.setup is not None:
             # The actor runs from here, so the children its setup spawns run under it.
             await supervisor.start_early(agent, self.parent)
-            await self.setup(scope)
+            await self.setup(life.scope)
         await trio.lowlevel.checkpoint()
         services.check_open()
         if self.owner.closed or self.owner.closing:
@@ -764,7 +774,7 @@ class Creation:
         life.attached = True
         if backend is not None:
             life.lease = self.token  # released by the actor once it is quiescent
-        handle = construct(AgentHandle, agent, life, scope)
+        handle = construct(AgentHandle, agent, life)
         await supervisor.enter(agent, handle, self.owner, self.parent)
         return handle, owed
 
@@ -772,7 +782,7 @@ class Creation:
         """Undo what was prepared (run shielded and bounded by the caller)."""
         services, backend = self.services, self.services.persistence
         if self.agent is not None:
-            scope = self.supervisor.scope_of(self.agent)
+            scope = self.supervisor.made_scope_of(self.agent)
             self.supervisor.forget(self.agent)
             if scope is not None:
                 await scope.aclose()
@@ -848,7 +858,7 @@ class AgentLoopService:
             _refuse_stored(backend, id)
         session = Session(id, frozen_meta, services.bus)
         cwd = frozen_meta.get("cwd")
-        agent, life, scope = supervisor.prepare(
+        agent, life = supervisor.prepare(
             services, session, options, owner, cwd=cwd if isinstance(cwd, str) else None
         )
         if backend is not None:
@@ -856,10 +866,12 @@ class AgentLoopService:
             claim.published = True
         life.needs_lease = True
         try:
-            supervisor.enter_now(agent, construct(AgentHandle, agent, life, scope), owner)
+            supervisor.enter_now(agent, construct(AgentHandle, agent, life), owner)
         except BaseException:
             supervisor.forget(agent)
-            scope.close_registrations()
+            made = life.made_scope
+            if made is not None:
+                cast("Scope", made).close_registrations()
             if services.leases.get(id) is life.lease:
                 del services.leases[id]
             raise

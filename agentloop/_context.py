@@ -228,10 +228,6 @@ class PromptFacade:
 _NONE: Final[dict[Any, Any]] = {}  # shared and never written: see Context.__init__
 
 
-def _release(owned: dict[int, AgentHandle], key: int) -> None:
-    owned.pop(key, None)
-
-
 class Context:
     """A scope: the services, plus ownership of everything registered through them.
 
@@ -256,7 +252,7 @@ class Context:
         # Made on first write (an agent's scope usually never owns anything): until then the
         # shared empty dict, which is only read, popped from with a default, or tested.
         self._disposers: dict[int, Disposer] = _NONE
-        self._owned: dict[int, AgentHandle] = _NONE
+        self._owned: dict[AgentHandle, None] = _NONE
         self._children: dict[int, Context] = _NONE
         self._key = next(_ids)
         self._closed = False
@@ -369,16 +365,31 @@ class Context:
 
         return Disposer(dispose)
 
-    def own(self, handle: AgentHandle) -> Disposer:
-        """Own ``handle``: this scope closes it (to quiescence) when it closes. The returned
-        ``Disposer`` lets go of it (its ``aclose`` does, once it is quiescent)."""
+    def own(self, handle: AgentHandle) -> None:
+        """Own ``handle``: this scope closes it (to quiescence) when it closes, unless
+        :meth:`disown` lets go of it first (its ``aclose`` does, once it is quiescent)."""
         if self._closed:
             raise ScopeClosed(f"{self!r} is closed; it cannot own agents")
-        key = id(handle)
         if self._owned is _NONE:
             self._owned = {}
-        self._owned[key] = handle
-        return Disposer(functools.partial(_release, self._owned, key))
+        # The handle is its own key (compared by identity): nothing is allocated per agent
+        # beyond the entry, where a disposer per handle cost more than the handle itself.
+        self._owned[handle] = None
+
+    def disown(self, handle: AgentHandle) -> None:
+        """Let go of ``handle`` (harmless when it is not owned, or the scope closed)."""
+        self._owned.pop(handle, None)
+
+    def agent_scope(self, agent_id: str, *, closed: bool = False) -> Context:
+        """Agent ``agent_id``'s own scope, a child of this one (made when the agent first
+        uses it). Made closed, and nobody's child, when ``closed`` or this scope is closed:
+        the agent is then disposed, or being disposed, with its owner."""
+        name = f"agent:{agent_id}"
+        if not (closed or self._closed):
+            return self.child(name, agent_id=agent_id)
+        scope = Context(self._services, self._supervisor, name=name, agent_id=agent_id)
+        scope.close_registrations()
+        return scope
 
     def child(self, name: str, *, agent_id: str | None = None) -> Context:
         """A nested scope, closed with this one (or earlier)."""
@@ -396,7 +407,7 @@ class Context:
         try:
             if self._owned:
                 async with trio.open_nursery() as nursery:
-                    for handle in list(self._owned.values()):
+                    for handle in list(self._owned):
                         nursery.start_soon(handle.aclose)
             for child in reversed(list(self._children.values())):
                 await child.aclose()

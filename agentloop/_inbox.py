@@ -44,8 +44,7 @@ class InboxState:
     """The live inbox of one agent (owned by it; every method is synchronous)."""
 
     __slots__ = (
-        "_agent_id", "_bus", "_rest", "next_step", "next_turn", "pending", "turn_rx",
-        "turn_tx", "waking",
+        "_agent_id", "_bus", "_rest", "next_step", "next_turn", "turn_rx", "turn_tx", "waking",
     )
 
     def __init__(self, agent_id: str, bus: EventBus) -> None:
@@ -53,15 +52,16 @@ class InboxState:
         self._bus = bus
         self.next_turn: list[InboxMessage] = []
         self.next_step: list[InboxMessage] = []
-        self.pending: dict[Target, list[InboxMessage]] = {
-            "next-turn": self.next_turn, "next-step": self.next_step,
-        }
         # Ids of pending next-step messages that were sent to wake (steer): only those
         # continue a turn; an injection waits for the next step something else causes.
         self.waking: set[str] = _NO_IDS  # allocated on the first steer: agents are many
         # Unbounded, so send() never blocks; one object is both ends.
         self.turn_tx = self.turn_rx = Wakeups()
         self._rest = False
+
+    def pending(self, target: Target) -> list[InboxMessage]:
+        """The pending list of ``target`` (a method, not a table: nothing more per agent)."""
+        return self.next_turn if target == "next-turn" else self.next_step
 
     def ask_rest(self) -> None:
         """Wake the idle actor to hibernate now (the wake carries no record)."""
@@ -82,7 +82,7 @@ class InboxState:
             if self.waking is _NO_IDS:
                 self.waking = set()
             self.waking.add(message.id)
-        self.splice(target, len(self.pending[target]), 0, (message,), None)
+        self.splice(target, len(self.pending(target)), 0, (message,), None)
         bus = self._bus
         if bus.has_listeners(InboxInserted):
             bus.emit_nowait(InboxInserted(self._agent_id, target, message))
@@ -91,7 +91,7 @@ class InboxState:
 
     def find(self, message_id: str) -> tuple[Target, int] | None:
         for target in TARGETS:
-            for i, m in enumerate(self.pending[target]):
+            for i, m in enumerate(self.pending(target)):
                 if m.id == message_id:
                     return target, i
         return None
@@ -101,7 +101,7 @@ class InboxState:
         if found is None:
             return False
         target, index = found
-        old = self.pending[target][index]
+        old = self.pending(target)[index]
         self.splice(target, index, 1, (attrs.evolve(old, content=content),), None)
         return True
 
@@ -113,7 +113,7 @@ class InboxState:
         return True
 
     def discard(self, target: Target, index: int, *, outcome: str) -> None:
-        message = self.pending[target][index]
+        message = self.pending(target)[index]
         self.splice(target, index, 1, (), outcome)
         bus = self._bus
         if bus.has_listeners(InboxDiscarded):
@@ -122,7 +122,7 @@ class InboxState:
     def discard_all(self, outcome: str) -> bool:
         discarded = False
         for target in TARGETS:
-            pending = self.pending[target]
+            pending = self.pending(target)
             while pending:
                 self.discard(target, len(pending) - 1, outcome=outcome)
                 discarded = True
@@ -142,7 +142,7 @@ class InboxState:
             bus.emit_nowait(
                 InboxSpliced(self._agent_id, target, index, delete_count, inserted, outcome)
             )
-        pending = self.pending[target]
+        pending = self.pending(target)
         if delete_count and target == "next-step" and self.waking:
             kept = {m.id for m in inserted}  # an edit replaces a message under the same id
             for gone in pending[index : index + delete_count]:
@@ -219,11 +219,10 @@ class Wakeups:
 
     async def receive(self) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
-        try:
+        if self._count or self._closed:
+            # A record to take (or EndOfChannel), without an exception kept alive on the
+            # idle actor's stack while it waits.
             self.receive_nowait()
-        except trio.WouldBlock:
-            pass
-        else:
             await trio.lowlevel.cancel_shielded_checkpoint()
             return
         if self._reader is not None:

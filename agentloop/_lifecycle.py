@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from ._util import Latch
-
 if TYPE_CHECKING:
     from ._services import LeaseClaim
 
@@ -37,7 +35,13 @@ class Scope(Protocol):
     async def aclose(self) -> None: ...
 
 
-def _unbound() -> None:
+class Owner(Protocol):
+    """The scope that creates the agent, which makes the agent's own scope."""
+
+    def agent_scope(self, agent_id: str, *, closed: bool = False) -> Any: ...
+
+
+def _unbound(agent: object) -> None:
     raise AssertionError("the agent binds its stop before anyone can dispose it")
 
 
@@ -56,22 +60,26 @@ class Lifecycle:
     """
 
     __slots__ = (
-        "_abandoned", "_agent", "_announced", "_family", "_quiescent", "_settled", "_stop",
-        "_system", "_teardown_requested", "actor", "agent_id", "attached", "dormant", "home",
-        "lease", "needs_lease", "nursery", "published", "scope", "stopping",
+        "_abandoned", "_actor", "_agent", "_announced", "_changed", "_family", "_owner",
+        "_quiescent", "_scope", "_settled", "_stop", "_system", "_teardown_requested",
+        "agent_id", "attached", "dormant", "home", "lease", "needs_lease", "nursery",
+        "published", "stopping",
     )
 
     def __init__(
-        self, system_nursery: trio.Nursery, family: Family, agent_id: str, scope: Scope
+        self, system_nursery: trio.Nursery, family: Family, agent_id: str, owner: Owner
     ) -> None:
         # References, not closures: an idle agent's lifecycle is kept for its whole life.
         self._system = system_nursery
         self._family = family
         self.agent_id = agent_id
-        self.scope = scope
-        self._agent: object = None
-        self._stop: Callable[[], None] = _unbound
-        self.actor: Callable[..., Awaitable[None]]
+        # The agent's own scope is made on first use: most agents never register anything,
+        # and an idle one is kept for its whole life.
+        self._owner = owner
+        self._scope: Scope | None = None
+        self._agent: Any = None
+        self._stop: Callable[[Any], None] = _unbound
+        self._actor: Callable[..., Awaitable[None]]
         self.published = False
         self.stopping = False
         self.attached = False
@@ -82,24 +90,64 @@ class Lifecycle:
         self.dormant: object | None = None
         self._teardown_requested = False
         self._abandoned = False
-        self._announced = Latch()  # publication's notifications are over
-        self._settled = Latch()  # announced, or abandoned before publication
-        self._quiescent = Latch()
+        # Flags, and one event made only when someone has to wait for one of them (most are
+        # set before anyone waits, and idle agents are numerous).
+        self._announced = False  # publication's notifications are over
+        self._settled = False  # announced, or abandoned before publication
+        self._quiescent = False
+        self._changed: trio.Event | None = None
 
     def bind(
-        self, agent: object, stop: Callable[[], None], actor: Callable[..., Awaitable[None]]
+        self, agent: object, stop: Callable[[Any], None], actor: Callable[..., Awaitable[None]]
     ) -> None:
-        """The agent, its own stop, run once when its disposal begins, and its actor task's
-        function (``task_status`` reports its nursery open), which the supervisor starts."""
+        """The agent, and the functions of its class (shared, not bound: nothing per agent)
+        called with it: its own stop, run once when its disposal begins, and its actor task
+        (``task_status`` reports its nursery open), which the supervisor starts."""
         self._agent = agent
         self._stop = stop
-        self.actor = actor
+        self._actor = actor
+
+    def start_actor(self, nursery: trio.Nursery) -> None:
+        """Start the agent's actor task in ``nursery`` (where it runs from now on)."""
+        self.home = nursery
+        nursery.start_soon(self._actor, self._agent, name=f"agentloop.agent:{self.agent_id}")
+
+    async def start_actor_early(self, nursery: trio.Nursery) -> None:
+        """Start the actor before publication and wait until its nursery is open."""
+        self.home = nursery
+        await nursery.start(self._actor, self._agent, name=f"agentloop.agent:{self.agent_id}")
+
+    def _signal(self) -> None:
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
+
+    async def _until(self, flag: str) -> None:
+        while not getattr(self, flag):
+            if self._changed is None:
+                self._changed = trio.Event()
+            await self._changed.wait()
 
     # --- what the supervisor's side does for the agent ---------------------------------------
 
+    @property
+    def scope(self) -> Any:
+        """The agent's own scope (a child of its creator's), made on first use."""
+        if self._scope is None:
+            self._scope = self._owner.agent_scope(self.agent_id)
+        return self._scope
+
+    @property
+    def made_scope(self) -> Scope | None:
+        """The agent's own scope if anyone used it yet (else None: nothing to close)."""
+        return self._scope
+
     async def close_scope(self) -> None:
-        """Close the agent's scope: its sub-agents (to quiescence), then its registrations."""
-        await self.scope.aclose()
+        """Close the agent's scope: its sub-agents (to quiescence), then its registrations.
+        A scope nobody used is made closed, so a later ``handle.ctx`` reads it closed."""
+        if self._scope is None:
+            self._scope = self._owner.agent_scope(self.agent_id, closed=True)
+        await self._scope.aclose()
 
     def detach(self) -> None:
         """The actor's last act: ask the supervisor to take the agent out of the registries."""
@@ -126,7 +174,7 @@ class Lifecycle:
         self.dormant = None
         self._family.woken(self._agent, session)
         assert self.home is not None, "a hibernated agent's actor ran in a nursery"
-        self.home.start_soon(self.actor, name=f"agentloop.agent:{self.agent_id}")
+        self.start_actor(self.home)
 
     def retire(self, retire: Callable[[], Awaitable[None]]) -> None:
         """A hibernated agent is disposed: no actor runs, so its teardown runs on its own
@@ -142,18 +190,21 @@ class Lifecycle:
 
     def announced(self) -> None:
         """Publication's notifications are over: the actor may drive, a disposal may stop."""
-        self._announced.set()
-        self._settled.set()
+        self._announced = self._settled = True
+        self._signal()
 
     def abandon(self) -> None:
         """The creation rolled back: an actor started early exits without a trace."""
-        self._abandoned = True
-        self._settled.set()
+        self._abandoned = self._settled = True
+        self._signal()
 
     async def wait_settled(self) -> bool:
         """For an actor started before publication: True once published, False if the
         creation rolled back instead."""
-        await self._settled.wait()
+        if self._settled:
+            await trio.lowlevel.checkpoint()
+        else:
+            await self._until("_settled")
         return not self._abandoned
 
     # --- teardown ------------------------------------------------------------------------
@@ -161,32 +212,41 @@ class Lifecycle:
     @property
     def disposing(self) -> bool:
         """Disposal was asked for or began (a disposed agent starts no sub-agents)."""
-        return self.stopping or self._teardown_requested or self._quiescent.is_set()
+        return self.stopping or self._teardown_requested or self._quiescent
 
     def request_teardown(self) -> None:
         """Begin the disposal once (at once, or when publication's notifications are over)."""
         if self._teardown_requested:
             return
         self._teardown_requested = True
-        if self._announced.is_set():
-            self._stop()  # the input barrier: from here on send() raises AgentDisposed
+        if self._announced:
+            self._stop(self._agent)  # the input barrier: from here on send() raises AgentDisposed
         else:
             # A dispose requested from inside a creation notification waits for it to unwind.
             self._system.start_soon(self._stop_once_announced)
 
     async def _stop_once_announced(self) -> None:
-        await self._announced.wait()
-        self._stop()
+        await self._until("_announced")
+        self._stop(self._agent)
 
     async def dispose(self) -> None:
         """Begin the disposal if needed and wait for the quiescence boundary."""
         self.request_teardown()
-        await self._quiescent.wait()
+        if self._quiescent:
+            await trio.lowlevel.checkpoint()
+        else:
+            await self._until("_quiescent")
 
     def quiesced(self) -> None:
         """The supervisor detached the agent: its life is over."""
-        self._quiescent.set()
+        self._quiescent = True
+        self._signal()
 
     @property
     def quiescent(self) -> bool:
-        return self._quiescent.is_set()
+        return self._quiescent
+
+    @property
+    def active(self) -> bool:
+        """From preparation until quiescence, unless its creation rolled back."""
+        return not (self._quiescent or self._abandoned)

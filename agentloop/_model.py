@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, NewType, TypeAlias, TypeVar, get_args
+from typing import Any, Final, Literal, NewType, TypeAlias, TypeVar, get_args
 
 import attrs
 
@@ -168,6 +168,9 @@ class AgentOptions:
     own (an attrs class, a dataclass, a ``TypedDict`` or a JSON-schema dict)."""
 
 
+_NO_EXTRA: Final = FrozenDict()
+
+
 @attrs.frozen(slots=True, kw_only=True)
 class CallConfig:
     """The effective configuration of one model call (what ``agent/request`` may rewrite)."""
@@ -176,7 +179,8 @@ class CallConfig:
     model: str | None = None
     reasoning_effort: str | None = attrs.field(default=None, validator=_non_empty_str_or_none)
     max_tokens: int | None = attrs.field(default=None, validator=_positive_int_or_none)
-    extra: FrozenDict = attrs.field(factory=FrozenDict, converter=freeze_object)
+    # One shared empty table (it is immutable): every agent holds a config, most without extras.
+    extra: FrozenDict = attrs.field(default=_NO_EXTRA, converter=freeze_object)
 
     def to_json(self) -> FrozenDict:
         return FrozenDict(

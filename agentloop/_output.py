@@ -2,7 +2,7 @@
 
 A run's output type is turned into an :class:`OutputSpec` when the run is entered; the agent
 keeps it by message id until the turn that claims that message takes it (see
-``Agent._outputs``), so the driver never needs the caller's Python type, only its JSON schema.
+``_run.take_output``), so the driver never needs the caller's Python type, only its JSON schema.
 Where the adapter declares ``supports_json_schema`` the schema travels on
 ``LLMRequest.output_schema`` and the reply text is the output; otherwise the model is given a
 ``final_result`` tool whose arguments are the output.

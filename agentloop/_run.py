@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from ._inbox import Inbox
     from ._session import Session
 
-__all__ = ["RunControls", "Run", "RunResult"]
+__all__ = ["RunControls", "Run", "RunResult", "take_output"]
 
 # The turn/end cause recorded when a run's block is left before its turn ended.
 RUN_EXIT_CAUSE: Final = "run"
@@ -75,7 +75,7 @@ class Driven(Protocol):
     """What a run needs of the agent it drives (:class:`agentloop.Agent`, a layer above)."""
 
     _run_bus: EventBus
-    _run_outputs: dict[str, OutputSpec]
+    _run_outputs: dict[str, OutputSpec] | None
 
     @property
     def id(self) -> str: ...
@@ -92,16 +92,23 @@ class Driven(Protocol):
     def cancel(self, cause: str = "user", *, keep_inbox: bool = False) -> bool: ...
 
 
+def take_output(agent: RunControls, message_id: str) -> OutputSpec | None:
+    """The output spec a run left for the turn that claims ``message_id`` (taken once)."""
+    outputs = agent._run_outputs
+    return None if outputs is None else outputs.pop(message_id, None)
+
+
 class RunControls:
     """The run-handle methods of :class:`agentloop.Agent` (``run``, ``ask``)."""
 
     __slots__ = ("_run_bus", "_run_outputs")
 
-    def __init__(self, bus: EventBus, outputs: dict[str, OutputSpec]) -> None:
+    def __init__(self, bus: EventBus) -> None:
         # What a run needs of its agent: the bus its dispatcher listens on, and where a run
-        # leaves its message's output spec for the turn that claims the message.
+        # leaves its message's output spec for the turn that claims the message (made by
+        # the first run that asks for structured output: most agents never do).
         self._run_bus = bus
-        self._run_outputs = outputs
+        self._run_outputs: dict[str, OutputSpec] | None = None
 
     def run(
         self, content: object, *, source: object = None, output_type: object = None
@@ -375,6 +382,8 @@ class Run(metaclass=NoPublicConstructor):
             raise
         if self._output_spec is not None:
             # Set before any checkpoint, so the turn that claims the message sees it.
+            if agent._run_outputs is None:
+                agent._run_outputs = {}
             agent._run_outputs[mid] = self._output_spec
         if any(m.id == mid for m in agent.inbox.next_turn):
             dispatch.pending[mid] = self
@@ -425,8 +434,9 @@ class Run(metaclass=NoPublicConstructor):
         if self._terminal:
             return
         self._terminal = True
-        if self._message_id is not None:
-            self._agent._run_outputs.pop(self._message_id, None)
+        outputs = self._agent._run_outputs
+        if self._message_id is not None and outputs is not None:
+            outputs.pop(self._message_id, None)
         if self._turn is None:
             self._dropped = dropped or "aborted"
         self._dispatch.forget(self)

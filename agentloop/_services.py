@@ -37,16 +37,24 @@ __all__ = ["LeaseClaim", "Services"]
 log = logging.getLogger("agentloop")
 
 
-class LeaseClaim:
-    """One contender's claim on a session's persistence lease within this runtime."""
+class LeaseClaim(Latch):
+    """One contender's claim on a session's persistence lease within this runtime.
 
-    __slots__ = ("published", "settled")
+    The claim is its own latch, ``settled``: a claim outlives its agent's creation (a
+    hibernated agent keeps its lease), and agents are many, so it is one small object that
+    makes an event only for a contender that waits.
+    """
+
+    __slots__ = ("published",)
 
     def __init__(self) -> None:
+        super().__init__()
         self.published = False
-        # A claim outlives its agent's creation (a hibernated agent keeps its lease), and
-        # agents are many: the latch makes an event only for a contender that waits.
-        self.settled = Latch()
+
+    @property
+    def settled(self) -> Latch:
+        """Set once the creation holding the claim published or rolled back."""
+        return self
 
 
 def _setting_tables(config: Config) -> dict[str, Any]:

@@ -539,7 +539,7 @@ _LOST: Final = "the process running it stopped before it finished (a crash); sta
 
 
 async def recover_children(
-    services: Services, supervisor: Supervisor, parent: Agent, scope: Scope
+    services: Services, supervisor: Supervisor, parent: Agent
 ) -> list[Callable[[Agent], None]]:
     """Close the turns a crash left open in ``parent``'s stored descendants, and give the
     resumed parent its jobs back; the jobs whose answer is still owed to it.
@@ -581,6 +581,8 @@ async def recover_children(
             continue
         session, closed = recovered
         if session.meta.get("parent_session_id") == parent.id:
+            scope = supervisor.scope_of(parent)
+            assert scope is not None, "a parent being resumed has a lifecycle"
             owed = _rebuild_job(_jobs(supervisor), parent, scope, session, closed=closed)
             if owed is not None:
                 undelivered.append(owed._deliver_to)

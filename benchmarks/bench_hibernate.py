@@ -8,9 +8,9 @@
 conversation (``seed``), asked to hibernate (``Agent.hibernate``) and waited for until every
 one has (``agent/hibernated``). The figure is the traced Python memory (``tracemalloc``)
 still allocated then, above what was allocated before the first agent, divided by N: the
-handle, the agent, its lifecycle and scope, the registries' entries and the store's
-bookkeeping, everything the process keeps per idle session. The largest allocation sites are
-printed beside it.
+handle (every one is held, as an owner holds them), the agent, its lifecycle, the registries'
+entries and the store's bookkeeping, everything the process keeps per idle session. The
+largest allocation sites are printed beside it.
 
 ``wake N``: N such sessions stored and hibernated, then 200 of them, picked at random, woken
 one at a time by a follow-up; the figure is the time from ``followup()`` to the model being

@@ -459,6 +459,21 @@ def test_the_kit_crash_while_hibernated() -> None:
     )
 
 
+def test_the_kit_sub_agent_hibernated_after_the_crash_wakes_in_the_dying_runtime() -> None:
+    """Found by the property: a sub-agent spawned after the crash point hibernated in the
+    dying runtime, whose store had kept nothing of it, and its wake found no session. The
+    dying runtime reads its own later writes back; only what came before the crash is
+    resumed."""
+    run_race(
+        [als.When(point="tool-start", op=als.Spawn(text="hi")), als.Crash(appends=1),
+         als.Spawn(text="hi"), als.Advance(seconds=40.0)],
+        script=[als.CallTools(names=("fast", "slow"), text=""),
+                als.Stall(seconds=2.0, text="thinking it over"),
+                als.CallTools(names=("guarded",), text=""), als.Say(text="ok")],
+        config={"settings": {"agent-loop": {"hibernate_after_seconds": 2.0}}},
+    )
+
+
 # --- the property -----------------------------------------------------------------------------
 
 _KINDS = (*(k for k in als.DEFAULT_KINDS if k != "subscribe"), "hibernate", "wake")

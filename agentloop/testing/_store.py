@@ -3,7 +3,9 @@
 Appended events are written through at once (``flush`` checks what was written), so a crash
 between two appends leaves exactly the log up to the first: the worst case a recovery meets.
 ``crash()`` is the process dying: later writes go nowhere and the dead owner's leases lapse,
-so a fresh runtime on :meth:`reopened` resumes what was written.
+so a fresh runtime on :meth:`reopened` resumes what was written. The dying runtime itself
+still reads its own later writes back (a hibernated agent of it wakes from them), from a copy
+nothing durable shares.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ class RaceStore:
         self.broken: set[str] = set()
         self.leases: dict[str, str] = {}
         self.crashed = False
+        # After the crash: what the dead process still sees of its own writes.
+        self.after: dict[str, tuple[FrozenDict, list[SessionEvent]]] = {}
         self.appends = 0
         self.crash_at: int | None = None
 
@@ -40,10 +44,15 @@ class RaceStore:
 
     def crash(self) -> None:
         self.crashed = True
+        self.after = {sid: (meta, list(events)) for sid, (meta, events) in self.sessions.items()}
+
+    def _seen(self) -> dict[str, tuple[FrozenDict, list[SessionEvent]]]:
+        """The sessions as this store's own runtime reads them."""
+        return self.after if self.crashed else self.sessions
 
     async def exists(self, session_id: str) -> bool:
         await trio.lowlevel.checkpoint()
-        return session_id in self.sessions
+        return session_id in self._seen()
 
     async def list(self) -> list[SessionInfo]:
         await trio.lowlevel.checkpoint()
@@ -52,36 +61,35 @@ class RaceStore:
             SessionInfo(id=sid, turns=sum(e.type == "turn/start" for e in events),
                         events=len(events), created_at=now, updated_at=now,
                         parent_session_id=_parent(meta))
-            for sid, (meta, events) in self.sessions.items()
+            for sid, (meta, events) in self._seen().items()
         ]
 
     async def load(self, session_id: str) -> StoredSession:
         await trio.lowlevel.checkpoint()
-        if session_id not in self.sessions:
-            raise SessionNotFound(f"no stored session {session_id!r}")
-        meta, events = self.sessions[session_id]
-        return StoredSession(id=session_id, meta=meta, events=tuple(events))
+        return self.load_now(session_id)
 
     def load_now(self, session_id: str) -> StoredSession:
         """What :meth:`load` returns, without awaiting (a hibernated agent's wake)."""
-        if session_id not in self.sessions:
+        seen = self._seen()
+        if session_id not in seen:
             raise SessionNotFound(f"no stored session {session_id!r}")
-        meta, events = self.sessions[session_id]
+        meta, events = seen[session_id]
         return StoredSession(id=session_id, meta=meta, events=tuple(events))
 
     async def create(self, session_id: str, meta: FrozenDict) -> None:
         await trio.lowlevel.checkpoint()
-        if self.crashed:
-            return
-        if session_id in self.sessions:
+        seen = self._seen()
+        if session_id in seen:
             raise PersistenceError(f"session {session_id!r} is already stored")
-        self.sessions[session_id] = (meta, [])
+        seen[session_id] = (meta, [])
 
     def append(self, session_id: str, event: SessionEvent) -> None:
-        if self.crashed:
-            return
-        if self.crash_at is not None and self.appends >= self.crash_at:
+        if not self.crashed and self.crash_at is not None and self.appends >= self.crash_at:
             self.crash()  # the process dies between the last append and this one
+        if self.crashed:
+            stored = self.after.get(session_id)
+            if stored is not None:
+                stored[1].append(event)
             return
         self.appends += 1
         stored = self.sessions.get(session_id)

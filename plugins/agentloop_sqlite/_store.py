@@ -398,6 +398,9 @@ class SqliteSessionStore:
             await marker.wait()
         else:
             await trio.lowlevel.checkpoint()
+        if self._last_ticket.get(session_id, 0) <= self._processed:
+            # All of it is written: a session that rests (most do) keeps no entry here.
+            self._last_ticket.pop(session_id, None)
         failure = self._failed.get(session_id)
         if failure is not None and seq >= failure.seq:
             # A fresh error each time: re-raising one instance would pile up tracebacks.
