@@ -394,20 +394,26 @@ async def test_disposal_during_a_wake(tmp_path: Path, how: str) -> None:
         await again.aclose()
 
 
+def guarded_rm(rt: agentloop.Context, ran: list[str]) -> None:
+    """An ``rm`` tool that asks for approval; each path it removes goes to ``ran``."""
+
+    @rt.tools.tool
+    async def rm(path: str) -> str:
+        """Remove a path."""
+        ran.append(path)
+        return f"removed {path}"
+
+    rt.events.on(
+        ev.ToolPreExecute, lambda e: agentloop.Ask("sure?") if e.call.name == "rm" else None
+    )
+
+
 async def test_approval_answered_while_hibernated(tmp_path: Path) -> None:
     db = tmp_path / "s.db"
     ran: list[str] = []
     async with runtime(db) as (rt, model, watch):
 
-        @rt.tools.tool
-        async def rm(path: str) -> str:
-            """Remove a path."""
-            ran.append(path)
-            return f"removed {path}"
-
-        rt.events.on(
-            ev.ToolPreExecute, lambda e: agentloop.Ask("sure?") if e.call.name == "rm" else None
-        )
+        guarded_rm(rt, ran)
         model.add(reply("", tool_calls=[("rm", {"path": "/x"}, "c1")]), reply("all done"))
         handle = await rt.agents.create(session_id="s1", agent_options=OPTIONS)
         handle.agent.followup("clean up")

@@ -18,7 +18,7 @@ import pytest
 import trio
 import trio.testing
 from conftest import OPTIONS
-from test_hibernation import asleep, config, runtime
+from test_hibernation import asleep, config, guarded_rm, runtime
 
 import agentloop
 from agentloop import events as ev
@@ -234,15 +234,7 @@ async def test_an_approval_answered_before_any_turn_of_a_resumed_agent(tmp_path:
     async with runtime(db, after=None) as (rt, model, _watch):
         ran: list[str] = []
 
-        @rt.tools.tool
-        async def rm(path: str) -> str:
-            """Remove a path."""
-            ran.append(path)
-            return f"removed {path}"
-
-        rt.events.on(
-            ev.ToolPreExecute, lambda e: agentloop.Ask("sure?") if e.call.name == "rm" else None
-        )
+        guarded_rm(rt, ran)
         model.add(reply("", tool_calls=[("rm", {"path": "/x"}, "c1")]))
         handle = await rt.agents.create(session_id="s1", agent_options=OPTIONS)
         handle.agent.followup("clean up")
