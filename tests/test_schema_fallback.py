@@ -90,10 +90,8 @@ async def test_an_invalid_answer_through_the_fallback_is_corrected(fake: FakeOpe
     assert len(fake.requests) == 3
 
 
-async def test_an_error_that_does_not_name_the_format_still_fails_the_turn(
-    fake: FakeOpenAI,
-) -> None:
-    fake.replies += [Reply(status=400, error="model 'm' does not exist")]
+async def _failed_ask(fake: FakeOpenAI) -> agentloop.ProviderError:
+    """Ask for a ``Point`` once; the turn must fail with a provider error, returned."""
     with trio.fail_after(20):
         async with agentloop.open_runtime() as rt:
             rt.llm.register("real", OpenAIChatAdapter(fake.url, api_key="sk-test"))
@@ -101,21 +99,23 @@ async def test_an_error_that_does_not_name_the_format_still_fails_the_turn(
                 with pytest.raises(agentloop.TurnFailed) as info:
                     await h.agent.ask("where?", output_type=Point)
     assert isinstance(info.value.error, agentloop.ProviderError)
-    assert info.value.error.status == 400
+    return info.value.error
+
+
+async def test_an_error_that_does_not_name_the_format_still_fails_the_turn(
+    fake: FakeOpenAI,
+) -> None:
+    fake.replies += [Reply(status=400, error="model 'm' does not exist")]
+    error = await _failed_ask(fake)
+    assert error.status == 400
     assert len(fake.requests) == 1
 
 
 async def test_the_fallback_is_tried_once_then_the_failure_is_reported(fake: FakeOpenAI) -> None:
     fake.refuse_response_format = 422
     fake.replies += [Reply(status=422, error="response_format and tools cannot be combined")]
-    with trio.fail_after(20):
-        async with agentloop.open_runtime() as rt:
-            rt.llm.register("real", OpenAIChatAdapter(fake.url, api_key="sk-test"))
-            async with await rt.agents.create(session_id="a", agent_options=_options()) as h:
-                with pytest.raises(agentloop.TurnFailed) as info:
-                    await h.agent.ask("where?", output_type=Point)
-    assert isinstance(info.value.error, agentloop.ProviderError)
-    assert info.value.error.status == 422
+    error = await _failed_ask(fake)
+    assert error.status == 422
     assert len(fake.requests) == 2
 
 
