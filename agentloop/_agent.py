@@ -162,9 +162,6 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         resumed: bool = False,
         proposal: CallConfig | None = None,
     ) -> None:
-        # A run leaves its message's output spec there as it queues the message, and the
-        # turn that claims the message takes it (take_output): the driver learns a run's
-        # output type there.
         RunControls.__init__(self, services.bus)
         self._services = services
         self.id: Final = session.id
@@ -599,12 +596,12 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             # A hibernated agent's life goes on without this task (a wake starts another).
             if not rested:
                 life.nursery = None
-            if life.published and not rested:
-                with trio.move_on_after(2 * CLOSE_GRACE, shield=True):
-                    # Memoized: a no-op unless the nursery never opened.
-                    await self._close_scope()
-                    await self._services.release_persistence(self.id, life.lease)
-                life.detach()
+                if life.published:
+                    with trio.move_on_after(2 * CLOSE_GRACE, shield=True):
+                        # Memoized: a no-op unless the nursery never opened.
+                        await self._close_scope()
+                        await self._services.release_persistence(self.id, life.lease)
+                    life.detach()
 
     async def _close_scope(self) -> None:
         self._stop()
@@ -673,7 +670,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         cannot: it is running, has pending input or live sub-agents, is hibernated or
         disposed already, or its store cannot reload it synchronously (``load_now``).
         """
-        if self._life.dormant is not None or not self._restable(started=False):
+        if not self._restable(started=False):
             return False
         self._inbox.ask_rest()
         return True
@@ -699,18 +696,21 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         inbox, nursery = self._inbox, life.nursery
         return (
             life.attached
-            and (not started or nursery is None or not nursery.child_tasks)
-            and (not started or nursery is not None)
+            and (not started or (nursery is not None and not nursery.child_tasks))
             and not (inbox.next_turn or inbox.next_step or self._wake_flag)
             and not life.has_children()
             and (self._tool_runner is None or not self._tool_runner.approvals.has_answers())
             and self._approval_deadline() == math.inf
-            and callable(getattr(self._services.persistence, "load_now", None))
+            and self._reloadable()
         )
+
+    def _reloadable(self) -> bool:
+        """Whether the store can load the session synchronously (a wake's ``load_now``)."""
+        return callable(getattr(self._services.persistence, "load_now", None))
 
     def _rest_at(self) -> float:
         after: float | None = self._services.settings.get(HIBERNATE_AFTER)
-        if after is None or not callable(getattr(self._services.persistence, "load_now", None)):
+        if after is None or not self._reloadable():
             return math.inf  # a session without (reloadable) persistence never hibernates
         return trio.current_time() + after
 

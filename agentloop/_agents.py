@@ -467,7 +467,6 @@ class Supervisor:
             if entered:
                 del self.agents[agent.id]
                 services.emit(AgentDisposed(agent.id))
-            if entered:
                 # Entered with its agent; a hibernated agent's session is no longer held.
                 self.sessions.pop(agent.id, None)
                 services.emit(SessionDisposed(agent.id))

@@ -2,14 +2,15 @@
 
 The lists are the projection the seed describes: every change is published as a splice
 *before* it happens, ``edit`` and ``remove`` act on pending messages, and a claim takes input
-atomically. The next-turn memory channel carries every *waking* record to the agent's actor
-(follow-ups, and waking steers, since a wake while idle must open a turn boundary exactly as a
-follow-up does, and an idle actor waits on one channel); it is named for what it wakes, not for
-the list a record lands in. A non-waking injection is on no channel: it must not wake an idle
-actor, and the claim at the next step boundary reads the list (a channel of its own would be
-a channel per agent that nobody waits on). The actor drains the channel at its boundaries and
-takes content and order from the projection, so a removed or edited message is never
-delivered stale: the lists, not the channel, are the truth for content.
+atomically. The next-turn channel (``Wakeups``, which keeps a count) carries every *waking*
+record to the agent's actor (follow-ups, and waking steers, since a wake while idle must open a
+turn boundary exactly as a follow-up does, and an idle actor waits on one channel); it is named
+for what it wakes, not for the list a record lands in. A non-waking injection is on no
+channel: it must not wake an idle actor, and the claim at the next step boundary reads the
+list (a channel of its own would be a channel per agent that nobody waits on). The actor
+drains the channel at its boundaries and takes content and order from the projection, so a
+removed or edited message is never delivered stale: the lists, not the channel, are the truth
+for content.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import attrs
 from ._errors import ConfigError
 from ._json import FrozenDict
 
-__all__ = ["PRICE_KEYS", "Price", "PriceTable", "load_prices"]
+__all__ = ["PRICE_KEYS", "Price", "PriceTable", "add_cost", "add_usage", "load_prices"]
 
 PRICE_KEYS: Final = (
     "input_per_mtok", "output_per_mtok", "cache_read_per_mtok", "cache_write_per_mtok",
@@ -146,3 +146,28 @@ def load_prices(section: FrozenDict) -> PriceTable:
         except ConfigError as exc:
             raise ConfigError(f"{where}.{exc}") from None
     return PriceTable(prices)
+
+
+def add_cost(total: dict[str, Any], cost: object) -> None:
+    """Add one ``cost`` to ``total``: summed over the priced, ``None`` (unknown) while no
+    price is known, so an unpriced call never reads as free."""
+    if isinstance(cost, (int, float)) and not isinstance(cost, bool):
+        previous = total.get("cost")
+        total["cost"] = (previous if isinstance(previous, (int, float)) else 0.0) + cost
+    else:
+        total.setdefault("cost", None)
+
+
+def add_usage(total: dict[str, Any], usage: Mapping[str, Any]) -> dict[str, Any]:
+    """Sum one usage table into ``total``: counters add up, nested tables (per model) too,
+    and ``cost`` as :func:`add_cost` says."""
+    for key, value in usage.items():
+        if key == "cost":
+            add_cost(total, value)
+        elif isinstance(value, int) and not isinstance(value, bool):
+            previous = total.get(key, 0)
+            total[key] = (previous if isinstance(previous, int) else 0) + value
+        elif isinstance(value, Mapping):
+            nested = total.get(key)
+            total[key] = add_usage(nested if isinstance(nested, dict) else {}, value)
+    return total

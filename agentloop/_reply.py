@@ -120,8 +120,8 @@ class _BlockParts:
 
 
 def _closes_without_running(stream: types.AsyncGeneratorType[Any, Any]) -> bool:
-    """Whether closing ``stream`` runs none of its code: it has finished, or no handler of
-    its own (``finally``, ``with``, ``except``) covers the point where it is suspended."""
+    """Whether closing ``stream`` runs none of its code: it has finished, or its code has no
+    handler at all (``finally``, ``with``, ``except``) that a close could run."""
     frame = stream.ag_frame
     return frame is None or _no_handlers(frame.f_code)
 

@@ -27,6 +27,7 @@ from ._events import AgentStatus, AgentTurnEnd, InboxClaimed, InboxDiscarded, To
 from ._json import FrozenDict, freeze
 from ._model import AgentOptions, MessageId, SessionEvent
 from ._output import OutputSpec, output_spec, rebuild_output
+from ._prices import add_usage
 from ._util import NoPublicConstructor, construct
 
 if TYPE_CHECKING:
@@ -529,7 +530,7 @@ class Run(metaclass=NoPublicConstructor):
                     output = e.data["output"]
                 counters = e.data.get("usage")
                 if isinstance(counters, Mapping):
-                    usage = _add_usage({} if usage is None else usage, counters)
+                    usage = add_usage({} if usage is None else usage, counters)
             elif e.type == _log.TURN_END:
                 reason = e.data["reason"]
                 error = e.data.get("error")
@@ -685,22 +686,6 @@ def _unpark(run: Run, task: trio.lowlevel.Task, _: object) -> trio.lowlevel.Abor
     return trio.lowlevel.Abort.SUCCEEDED
 
 
-def _add_usage(total: dict[str, Any], counters: Mapping[str, Any]) -> dict[str, Any]:
-    for key, value in counters.items():
-        if isinstance(value, bool):
-            continue
-        if isinstance(value, int):
-            previous = total.get(key, 0)
-            total[key] = (previous if isinstance(previous, int) else 0) + value
-        elif isinstance(value, float):  # cost
-            previous = total.get(key)
-            total[key] = (previous if isinstance(previous, (int, float)) else 0.0) + value
-        elif value is None:  # the cost of an unpriced call: unknown unless another has one
-            total.setdefault(key, None)
-        elif isinstance(value, Mapping):
-            nested = total.get(key)
-            total[key] = _add_usage(nested if isinstance(nested, dict) else {}, value)
-    return total
 
 
 def _rebuild(error: FrozenDict | None) -> ProviderError | FrozenDict | None:

@@ -32,6 +32,7 @@ from ._model import (
     ToolCall,
     ToolResult,
 )
+from ._prices import add_cost
 
 _ROLES: Final = ("user", "assistant", "tool")
 
@@ -276,18 +277,10 @@ def _add_usage(total: dict[str, Any], usage: object) -> None:
         if isinstance(value, int) and not isinstance(value, bool):
             total[key] = total.get(key, 0) + value
     if "cost" in usage:  # a call made with a [prices] table; logs from before have none
-        _add_cost(total, usage)
-
-
-def _add_cost(total: dict[str, Any], usage: FrozenDict) -> None:
-    """Sum ``cost`` over the priced calls (``None`` until one is) and count the others."""
-    cost, unpriced = usage.get("cost"), usage.get("unpriced_calls")
-    if isinstance(cost, (int, float)) and not isinstance(cost, bool):
-        total["cost"] = (total.get("cost") or 0.0) + cost
-    else:
-        total.setdefault("cost", None)
-    if isinstance(unpriced, int) and not isinstance(unpriced, bool) and unpriced > 0:
-        total["unpriced_calls"] = total.get("unpriced_calls", 0) + unpriced
+        add_cost(total, usage["cost"])
+        unpriced = usage.get("unpriced_calls")
+        if isinstance(unpriced, int) and not isinstance(unpriced, bool) and unpriced > 0:
+            total["unpriced_calls"] = total.get("unpriced_calls", 0) + unpriced
 
 
 class Session:

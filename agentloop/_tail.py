@@ -1,7 +1,7 @@
 """Tails: a session's events from a seq, then live, wherever the session is driven.
 
-A tail never holds up the driver: what the writers tell it is only that something changed (a
-flag and an event, set from a synchronous bus handler or a store's change notification), and
+A tail never holds up the driver: what the writers tell it is only that something changed (an
+event, set from a synchronous bus handler or a store's change notification), and
 the tail reads the events itself, from the session in memory when this runtime drives it, else
 from the store. So it is bounded (one batch at a time, however far behind it is) and lossless
 (what it missed while it was slow is read again from where it stopped).

@@ -263,3 +263,15 @@ def test_sessions_show_tree_prints_each_sessions_cost_and_the_trees_total(
         "tree total (3 sessions), tokens: in 4000, out 400, cost 0.0112",
     ]
     assert any(line.endswith("cost 0.0028 ---") for line in out)  # each turn's own
+
+
+def test_usage_sums_keep_a_known_cost_and_an_unknown_one_apart() -> None:
+    from agentloop._prices import add_usage
+
+    total: dict[str, object] = {}
+    add_usage(total, {"input_tokens": 3, "cost": None})
+    assert total == {"input_tokens": 3, "cost": None}  # unpriced: unknown, never free
+    add_usage(total, {"input_tokens": 2, "cost": 0.5, "by_model": {"m": {"cost": 0.5}}})
+    add_usage(total, {"cost": 0})  # an int cost adds to a float one
+    add_usage(total, {"cost": None, "cached": True})
+    assert total == {"input_tokens": 5, "cost": 0.5, "by_model": {"m": {"cost": 0.5}}}
