@@ -1389,19 +1389,20 @@ async def _sessions_show(args: argparse.Namespace, out: TextIO, err: TextIO) -> 
     out.write(f"session {stored.id}" + (f" (cwd {cwd})" if cwd else "") + "\n")
     for line in transcript(stored.events):
         out.write(line + "\n")
-    note = _usage_note({"usage": _usage_total(stored.events)})
+    tree = _usage_total(stored.events)
+    note = _usage_note({"usage": tree})
     if note:
         out.write(f"session total{note}\n")
-    tree = _usage_total(stored.events)
     for depth, child in descendants:
         pad = "  " * depth
         out.write(f"{pad}session {child.id}\n")
         for line in transcript(child.events):
             out.write(pad + line.replace("\n", "\n" + pad) + "\n")
-        note = _usage_note({"usage": _usage_total(child.events)})
+        own = _usage_total(child.events)
+        note = _usage_note({"usage": own})
         if note:
             out.write(f"{pad}session total{note}\n")
-        _usage_total(child.events, tree)
+        _add_usage(tree, own)
     if args.tree:
         note = _usage_note({"usage": tree})
         count = 1 + len(descendants)

@@ -158,6 +158,9 @@ class SqliteSessionStore:
 
     def __init__(self, path: str | os.PathLike[str], *, read_only: bool = False) -> None:
         self._path = os.fspath(path)
+        # The file's one name among this process's stores, for change notices (a relative
+        # path is resolved now: a later chdir must not make it another file's).
+        self._key = os.path.realpath(self._path)
         self._read_only = read_only
         self.stats = StoreStats()
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
@@ -312,7 +315,7 @@ class SqliteSessionStore:
         """Call ``changed`` (in this trio run) each time events of the session are committed
         to this file by any store of this process; returns the function that stops it."""
         watcher = _Watcher(session_id, trio.lowlevel.current_trio_token(), changed)
-        key = os.path.realpath(self._path)
+        key = self._key
         with _HUB_LOCK:
             _HUB.setdefault(key, []).append(watcher)
 
@@ -682,7 +685,7 @@ class SqliteSessionStore:
             self._write(appends)
             self._processed += len(appends)
             if _HUB:
-                _announce(os.path.realpath(self._path), {sid for sid, _ in appends})
+                _announce(self._key, {sid for sid, _ in appends})
         for flush in flushes:
             flush.run()
 
