@@ -283,3 +283,25 @@ async def test_postgres_a_tail_follows_a_session_driven_by_another_runtime(
             nursery.cancel_scope.cancel()
         assert tail.events == list(handle.agent.session.events[1:])
         await handle.aclose()
+
+
+async def test_postgres_a_tail_reads_a_batch_not_the_whole_log(
+    request: pytest.FixtureRequest,
+) -> None:
+    pytest.importorskip("psycopg", reason="the postgres extra (psycopg) is not installed")
+    from agentloop_postgres import PostgresSessionStore
+
+    dsn = request.getfixturevalue("dsn")
+    cfg = {"persistence": {"backend": "postgres", "dsn": dsn}}
+    async with agentloop.open_runtime(cfg) as writer:
+        writer.llm.register("scripted", ScriptedModel([reply("one"), reply("two")]))
+        handle = await writer.agents.create(session_id="batch", agent_options=OPTIONS)
+        await turn(handle.agent, "first")
+        await turn(handle.agent, "second")
+        expected = handle.agent.session.events
+        await handle.aclose()
+    async with PostgresSessionStore(dsn) as store:
+        assert await store.read_events("batch", 3, 4) == list(expected[2:6])
+        assert await store.read_events("batch", 0, 2) == list(expected[:2])
+        assert await store.read_events("batch", len(expected) + 1, 5) == []
+        assert await store.read_events("nobody", 1, 5) == []

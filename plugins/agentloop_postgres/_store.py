@@ -550,6 +550,14 @@ class PostgresSessionStore:
         """
         return await self._call(functools.partial(self._do_load, session_id))
 
+    async def read_events(
+        self, session_id: str, from_seq: int, limit: int
+    ) -> builtins.list[SessionEvent]:
+        """At most ``limit`` stored events of the session from seq ``from_seq`` on: a tail's
+        read, which must not load the whole log on every commit it is told of."""
+        call = functools.partial(self._do_read_events, session_id, from_seq, limit)
+        return await self._call(call)
+
     async def create(self, session_id: str, meta: FrozenDict) -> None:
         """Record a new session; ``meta["cwd"]``, when a string, is listed as its directory.
 
@@ -1539,8 +1547,25 @@ class PostgresSessionStore:
                 (session_id,),
             ).fetchall()
         meta = self._decode(found[0], f"the metadata of session {session_id!r}")
+        return StoredSession(id=session_id, meta=meta, events=self._events(session_id, rows, 1))
+
+    def _do_read_events(
+        self, session_id: str, from_seq: int, limit: int
+    ) -> builtins.list[SessionEvent]:
+        first = max(from_seq, 1)
+        rows = self._db.execute(
+            "SELECT seq, type, turn, data::text FROM agentloop_events"
+            " WHERE session_id = %s AND seq >= %s ORDER BY seq LIMIT %s",
+            (session_id, first, limit),
+        ).fetchall()
+        return builtins.list(self._events(session_id, rows, first))
+
+    def _events(
+        self, session_id: str, rows: builtins.list[Any], first: int
+    ) -> tuple[SessionEvent, ...]:
+        """Stored rows as events, checked: seqs from ``first`` with no gap, each well formed."""
         events = []
-        for expected, (seq, type_, turn, data) in enumerate(rows, start=1):
+        for expected, (seq, type_, turn, data) in enumerate(rows, start=first):
             if seq != expected:
                 raise PersistenceError(
                     f"session {session_id!r}, event seq {expected} is missing in {self._where}:"
@@ -1554,7 +1579,7 @@ class PostgresSessionStore:
                     _readable(f"{where} ({type_}) in {self._where} is malformed: it {problem}")
                 )
             events.append(SessionEvent(seq, type_, turn, value))
-        return StoredSession(id=session_id, meta=meta, events=tuple(events))
+        return tuple(events)
 
     @contextlib.contextmanager
     def _snapshot(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
