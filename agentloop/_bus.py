@@ -108,17 +108,6 @@ class _Feed:
         self._flush_armed = False
         self._on_broken = on_broken
 
-    def put_durable(self, event: Event) -> None:
-        # ``EventBus.emit_nowait`` takes the same steps inline for its hot path.
-        if self._missed:
-            self._mark()
-        try:
-            self._send_nowait(event)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self._on_broken()
-            return
-        self._pushed += 1
-
     def put_control(self, event: Event) -> None:
         if self._pushed - self._consumed >= self._capacity and self._buffered() >= self._capacity:
             if self._pushed == self._marker_at and self._marker is not None:
@@ -306,13 +295,17 @@ class EventBus:
         subs = self._subs.get(cls)
         if subs is None:
             return
-        if cls.kind != "durable":
+        if cls.kind == "durable":
+            self._deliver_durable(subs, event)
+        else:
             self._deliver(subs, event)
-            return
-        # Every log append with a subscriber comes here (15 a step), so the feed's send is
-        # inline rather than two calls deeper: the steps of ``_Feed.put_durable``.
+
+    @staticmethod
+    def _deliver_durable(subs: list[_Feed], event: Event) -> None:
+        # Every log append with a subscriber comes here (15 a step), so a feed's send is
+        # inline here rather than a method of the feed.
         owner: str | None = None
-        owned = False
+        owned = False  # the event's owner is looked up for the first scoped subscriber only
         for sub in subs:
             if sub.agent_id is not None:
                 if not owned:
@@ -330,19 +323,18 @@ class EventBus:
 
     @staticmethod
     def _deliver(subs: list[_Feed], event: Event) -> None:
-        durable = type(event).kind == "durable"
+        if type(event).kind == "durable":
+            EventBus._deliver_durable(subs, event)
+            return
         agent_id: str | None = None
-        owned = False  # the event's owner is looked up for the first scoped subscriber only
+        owned = False
         for sub in subs:
             if sub.agent_id is not None:
                 if not owned:
                     agent_id, owned = _owner(event), True
                 if sub.agent_id != agent_id:
                     continue
-            if durable:
-                sub.put_durable(event)
-            else:
-                sub.put_control(event)
+            sub.put_control(event)
 
     async def emit(self, event: Event) -> Any:
         """Dispatch a hook and return its outcome.
