@@ -462,12 +462,7 @@ class _Run:
     async def run(self) -> None:
         nursery = self.runner.tasks.nursery
         if nursery is None:
-            async with trio.open_nursery() as nursery:
-                await self._run_in(nursery)
-        else:
-            await self._run_in(nursery)
-
-    async def _run_in(self, nursery: trio.Nursery) -> None:
+            raise RuntimeError("a step's tool calls run inside its turn's with_tool_tasks")
         failure: Exception | None = None
         self.approvals.waiter = self
         try:
