@@ -348,9 +348,9 @@ async def test_a_plugin_stop_at_the_same_step_wins_over_the_step_limit() -> None
     assert (end["cause"], len(model.requests)) == ("budget", 3)
 
 
+@pytest.mark.skipif(importlib.util.find_spec("xllamacpp") is not None,
+                    reason="the local extra is installed: this test is for its absence")
 async def test_the_local_model_without_its_extra_is_refused_at_open() -> None:
-    if importlib.util.find_spec("xllamacpp") is not None:
-        pytest.skip("the local extra is installed: this test is for its absence")
     with pytest.raises(ConfigError, match=r"nothing serves provider 'local' \(plugin local "
                                           r"failed: the local model needs xllamacpp"):
         async with agentloop.open_agent("local"):
