@@ -828,7 +828,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                     turn.output = spec
         try:
             with scope:
-                turn.reason = await with_tool_tasks(self._runner, lambda: self._run_turn(
+                turn.reason = await with_tool_tasks(self._runner, scope, lambda: self._run_turn(
                     turn, claimed, resuming=resuming, going_on=going_on
                 ))
         except Exception as exc:  # noqa: BLE001 - a failing hook ends the turn, not the loop

@@ -194,6 +194,17 @@ def _too_long(value: int) -> bool:
     return False
 
 
+def _flat(value: object) -> FrozenDict | None:
+    """``value`` frozen at once when it is a flat ``dict`` of ASCII keys and plain values
+    (most tool arguments and usage counters); ``None`` when it needs the walk."""
+    if type(value) is not dict:
+        return None
+    for k, v in value.items():
+        if type(k) is not str or not k.isascii() or not _plain(v):
+            return None
+    return FrozenDict(value)
+
+
 def freeze(value: object, *, path: str = "") -> JSON:
     """Validate ``value`` as JSON and return a deep-frozen copy.
 
@@ -203,6 +214,9 @@ def freeze(value: object, *, path: str = "") -> JSON:
             :data:`MAX_DEPTH`; the message names the path of the bad value
             (``content[2].text: lone surrogate at 14``).
     """
+    flat = _flat(value)
+    if flat is not None:
+        return flat
     return _Freezer(False).freeze(value, path, 0)
 
 
@@ -211,6 +225,9 @@ def freeze_repaired(value: object, *, path: str = "") -> tuple[JSON, bool]:
 
     For text agentloop did not write and cannot refuse (tool results, provider output).
     """
+    flat = _flat(value)
+    if flat is not None:
+        return flat, False
     freezer = _Freezer(True)
     return freezer.freeze(value, path, 0), freezer.repaired
 

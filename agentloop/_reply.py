@@ -144,12 +144,14 @@ def _no_handlers(code: types.CodeType) -> bool:
 
 
 def _reasoning_text(blocks: dict[int, _BlockParts]) -> str | None:
+    if not blocks:
+        return None  # most replies have no reasoning
     # Blocks in the order they opened; one provider's blocks never interleave.
     return "".join(piece for b in blocks.values() for piece in b.texts) or None
 
 
 def _blocks_json(blocks: dict[int, _BlockParts]) -> tuple[FrozenDict, ...]:
-    if not any(b.kept for b in blocks.values()):
+    if not blocks or not any(b.kept for b in blocks.values()):
         return ()  # plain reasoning text: ``reasoning`` says it all
     return tuple(b.to_json() for _, b in sorted(blocks.items()))
 
@@ -225,8 +227,10 @@ class _Fold:
         if type(stream) is types.AsyncGeneratorType and _closes_without_running(stream):
             # Nothing of the generator runs when it is closed, so nothing can wait or see a
             # cancel: the shielded scope (the costliest part of a step's close) is skipped.
-            with contextlib.suppress(StopIteration):
+            try:
                 stream.aclose().send(None)
+            except StopIteration:
+                pass  # closed: what a close of a generator with nothing to run gives
             return
         aclose = getattr(stream, "aclose", None)
         if aclose is not None:
@@ -260,7 +264,10 @@ class _Fold:
             raise ProviderError(
                 "the model stream ended without a finish", code="incomplete_stream"
             )
-        tool_calls = tuple(acc.build() for _, acc in sorted(self.calls.items()))
+        calls = self.calls
+        tool_calls = tuple(
+            acc.build() for _, acc in (sorted(calls.items()) if len(calls) > 1 else calls.items())
+        )
         renamed: list[FrozenDict] = []
         if tool_calls:
             tool_calls = _unique_ids(self.session, tool_calls, renamed)

@@ -143,14 +143,12 @@ class Requests:
         """The call, made again as long as ``agent/request-error`` asks for a retry."""
         bus, config = self._services.bus, planned.config
         # Per route (provider, model): a call moved to another route counts from 1 there.
+        # Its keys, in the order first tried, are the routes an error handler is told of.
         tries: dict[Route, int] = {}
-        routes: list[str] = []
         after: FrozenDict | None = None
         while True:
             key = (config.provider, config.model)
             attempt = tries[key] = tries.get(key, 0) + 1
-            if f"{key[0]}:{key[1]}" not in routes:
-                routes.append(f"{key[0]}:{key[1]}")
             prepared: PreparedCall | None = None
             try:
                 prepared = await self._prepare(config)
@@ -173,7 +171,8 @@ class Requests:
                 decision = await bus.emit(
                     AgentRequestError(
                         self._agent_id, turn, step, attempt, config, failure,
-                        prepared.retry if prepared is not None else None, tuple(routes),
+                        prepared.retry if prepared is not None else None,
+                        tuple(f"{provider}:{model}" for provider, model in tries),
                     )
                 )
             if not isinstance(decision, Retry):

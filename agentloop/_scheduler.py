@@ -72,9 +72,11 @@ class _Slot:
 
 @attrs.define(slots=True, eq=False)
 class ToolTasks:
-    """The nursery the tool tasks of the running turn start in (``None`` between turns)."""
+    """The nursery the tool tasks of the running turn start in, and the turn's own cancel
+    scope (both ``None`` between turns)."""
 
     nursery: trio.Nursery | None = None
+    scope: trio.CancelScope | None = None
 
 
 @attrs.frozen(slots=True, eq=False)
@@ -92,22 +94,26 @@ class ToolRunner:
     tasks: ToolTasks = attrs.field(factory=ToolTasks)
 
 
-async def with_tool_tasks(runner: ToolRunner, body: Callable[[], Awaitable[_T]]) -> _T:
-    """Run ``body`` (a turn) with one nursery for all its steps' tool tasks.
+async def with_tool_tasks(
+    runner: ToolRunner, scope: trio.CancelScope, body: Callable[[], Awaitable[_T]]
+) -> _T:
+    """Run ``body`` (a turn, inside its cancel ``scope``) with one nursery for all its steps'
+    tool tasks.
 
     A nursery per step cost a scope, a schedule point at its exit and a wake-up; the steps
     still wait for every task they start (``_Run.run``). What ``body`` raises leaves as it is,
     not wrapped in the nursery's exception group.
     """
     failure: BaseException | None = None
+    tasks = runner.tasks
     async with trio.open_nursery() as nursery:
-        runner.tasks.nursery = nursery
+        tasks.nursery, tasks.scope = nursery, scope
         try:
             value = await body()
         except BaseException as exc:  # noqa: BLE001, ASYNC103 - raised below, unwrapped
             failure = exc
         finally:
-            runner.tasks.nursery = None
+            tasks.nursery = tasks.scope = None
     if failure is not None:
         try:
             raise failure
@@ -138,7 +144,6 @@ class _Run:
         self.ready: deque[_Slot] = deque()  # approved, waiting for their turn to dispatch
         self.in_flight = 0
         self.changed = trio.Event()
-        self.peak = 0
         self.bound: int | None = None
         self.stored = False  # the step's anchor is flushed (write-ahead of its calls)
 
@@ -370,14 +375,17 @@ class _Run:
         assert slot.kwargs is not None
         assert slot.arguments is not None
         tool, bus = slot.tool, self.rt.bus
-        if _cancel_called():
-            # Started and cancelled in the same tick (approve() then cancel()): the body
-            # never ran, so nothing happened that the result should claim.
+        try:
+            # Exact and cheap: a cancel of any enclosing scope, even one called after this
+            # task was started (approve() then cancel() in one tick), is seen here.
+            await trio.lowlevel.checkpoint_if_cancelled()
+        except trio.Cancelled:
+            # The body never ran, so nothing happened that the result should claim.
             slot.result = ToolResult.error(ABORTED_BEFORE_DISPATCH, _ABORTED_TEXT)
             slot.finished = True
             self.in_flight -= 1
             self.changed.set()
-            return
+            raise
         # The body (or a handler running it) reports progress as this call.
         progress = begin_call(bus, self.agent_id, slot.call.id)
         try:
@@ -411,14 +419,15 @@ class _Run:
             self.changed.set()
 
     def _start(self, nursery: trio.Nursery, slot: _Slot) -> None:
-        if _cancel_called():
+        scope = self.runner.tasks.scope
+        if scope is not None and scope.cancel_called:
             # A cancel from a synchronous handler leaves no checkpoint between it and here:
-            # no body may start once its turn's cancel has been called.
+            # no body starts once its turn's cancel has been called. (A cancel of a scope
+            # around the turn is caught by the task itself, before the body.)
             slot.result = ToolResult.error(ABORTED_BEFORE_DISPATCH, _ABORTED_TEXT)
             return
         slot.started = True
         self.in_flight += 1
-        self.peak = max(self.peak, self.in_flight)
         # Every tool body runs in a task of its own under the agent's task, named for its
         # call, so a task-tree walk (or a debugger) shows what each agent is running.
         nursery.start_soon(self._execute, slot, name=f"agentloop.tool:{slot.call.id}")
@@ -557,11 +566,6 @@ class _Run:
         self.deferred.clear()
 
 
-def _cancel_called() -> bool:
-    """Whether the calling task's turn was cancelled (it may not have checkpointed since)."""
-    return trio.current_effective_deadline() == -math.inf
-
-
 def result_data(call: ToolCall, result: ToolResult) -> FrozenDict:
     """The ``tool/result`` payload. A tool's text is not ours to refuse: a lone surrogate (a
     file name from ``os.fsdecode``) becomes U+FFFD and ``repaired`` says so; content that is
@@ -597,6 +601,10 @@ def close_unanswered(session: Session, turn: int, *, keep_awaiting: bool = False
         )
 
 
+# One encoder for every result: ``json.dumps`` with options builds a new one per call.
+_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
 def _to_result(value: object) -> ToolResult:
     if isinstance(value, ToolResult):
         return value
@@ -604,8 +612,10 @@ def _to_result(value: object) -> ToolResult:
         return ToolResult("")
     if isinstance(value, str):
         return ToolResult(value)
+    if type(value) is int and value.bit_length() < 64:
+        return ToolResult(str(value))  # what the encoder writes, without the walk
     try:
-        text = json.dumps(freeze_repaired(value)[0], ensure_ascii=False, separators=(",", ":"))
+        text = _ENCODE(freeze_repaired(value)[0])
     except (InvalidContent, ValueError) as exc:
         return ToolResult.error(
             "INVALID_RESULT", f"the tool returned a value that is not JSON ({exc})"
@@ -616,17 +626,16 @@ def _to_result(value: object) -> ToolResult:
 async def run_tool_calls(
     runner: ToolRunner, turn: int, calls: Sequence[ToolCall], *,
     logged: Collection[str] = (), answered: Mapping[str, ToolResult] | None = None,
-) -> int:
-    """Run one step's calls; returns the peak number of calls that ran at once. Calls named
-    in ``logged`` already have their ``tool/call``, those in ``answered`` are not run and get
-    that result (a crashed turn's calls, taken up again), in order with the others."""
+) -> None:
+    """Run one step's calls. Calls named in ``logged`` already have their ``tool/call``,
+    those in ``answered`` are not run and get that result (a crashed turn's calls, taken up
+    again), in order with the others."""
     run = _Run(runner, turn, calls)
     for slot in run.slots:
         slot.logged = slot.call.id in logged
         if answered is not None:
             slot.result = answered.get(slot.call.id)
     await run.run()
-    return run.peak
 
 
 async def run_suspended_calls(runner: ToolRunner, turn: int) -> None:

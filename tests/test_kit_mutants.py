@@ -87,11 +87,17 @@ MUTANTS: dict[str, tuple[Mutant, ...]] = {
         )),
     ),
     "a tool body started after its turn's cancel": (
-        Mutant("start", _scheduler, "_Run._start", (("if _cancel_called():", OFF),)),
-        Mutant("execute", _scheduler, "_Run._execute", (("if _cancel_called():", OFF),)),
+        Mutant("start", _scheduler, "_Run._start", (
+            ("if scope is not None and scope.cancel_called:", OFF),
+        )),
+        Mutant("execute", _scheduler, "_Run._execute", (
+            ("await trio.lowlevel.checkpoint_if_cancelled()", "pass"),
+        )),
     ),
     "approve and cancel in one tick start the body": (
-        Mutant("execute", _scheduler, "_Run._execute", (("if _cancel_called():", OFF),)),
+        Mutant("execute", _scheduler, "_Run._execute", (
+            ("await trio.lowlevel.checkpoint_if_cancelled()", "pass"),
+        )),
     ),
     "a turn left open by a disposal past the grace": (
         Mutant("turn", _agent, "Agent._turn", ((
