@@ -969,9 +969,11 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             if calls:
                 await run_tool_calls(runner, turn.number, calls)
                 turn.tool_calls += len(calls)
-                stop = await self._stopping_point(turn, step, "post-tools")
-                if stop is not None:
-                    return stop
+                # After the tools only a policy can stop the turn: no call without one.
+                if bus.has_handlers(AgentTurnStopping):
+                    stop = await self._stopping_point(turn, step, "post-tools")
+                    if stop is not None:
+                        return stop
             proceed = bool(outcome.tool_calls) or correct or bool(self._inbox.waking)
             if bus.has_handlers(AgentTurnContinuation):
                 proceed = bool(

@@ -159,6 +159,8 @@ class CallLimits:
         The route's slot comes first, so a call waiting for its route's turn holds none of
         its provider's slots. A cancel while waiting leaves no slot taken.
         """
+        if not self._gates:
+            return _nothing, None  # the usual runtime: no route is limited
         gates = [
             gate for gate in (self._gates.get((provider or "", model)),
                               self._gates.get((provider or "", None)))

@@ -104,18 +104,17 @@ class PreparedCall:
                 code="NO_ADAPTER",
             )
         adapter = self.registration.adapter
-        # The class, not the repr: an error message should not carry an object address.
-        where = f"{type(getattr(adapter, 'wrapped', adapter)).__name__}.stream"
         try:
             stream = adapter.stream(request)
         except ProviderError:
             raise
         except Exception as exc:  # noqa: BLE001 - every adapter failure is a provider failure
-            failure = _adapter_error(exc, where)
+            failure = _adapter_error(exc, _where(adapter))
         else:
             if adapter._raises_provider_errors:
                 return stream, None
-            return stream, _failure_of(where)
+            # Named only when a failure needs it: the name is a string built per call.
+            return stream, lambda exc: _adapter_error(exc, _where(adapter))
         raise failure
 
 
@@ -204,6 +203,11 @@ def _adapter_error(exc: Exception, where: str) -> ProviderError:
     error = ProviderError(f"{where} failed: {type(exc).__name__}: {exc}", code="adapter_error")
     error.__cause__ = exc
     return error
+
+
+def _where(adapter: object) -> str:
+    # The class, not the repr: an error message should not carry an object address.
+    return f"{type(getattr(adapter, 'wrapped', adapter)).__name__}.stream"
 
 
 def _failure_of(where: str) -> Callable[[Exception], ProviderError]:

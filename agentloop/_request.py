@@ -50,8 +50,8 @@ class _Planned:
 class Requests:
     """The model calls of one agent, step after step."""
 
-    __slots__ = ("_agent_id", "_cwd", "_proposal", "_sent", "_services", "_session",
-                 "_specs", "_specs_version", "_system_prompt")
+    __slots__ = ("_agent_id", "_config_json", "_cwd", "_proposal", "_sent", "_services",
+                 "_session", "_specs", "_specs_version", "_system_prompt")
 
     def __init__(
         self, services: Services, session: Session, proposal: CallConfig, *,
@@ -68,6 +68,8 @@ class Requests:
         # The messages of the latest request sent on each route, for request/header's
         # cache_prefix (a snapshot: O(1) to keep and, unless replaced, to compare).
         self._sent: dict[Route, Sequence[Message]] | None = None  # made by the first call
+        # The last call's config and its JSON: a turn's steps mostly send the same config.
+        self._config_json: tuple[CallConfig, FrozenDict] | None = None
 
     @property
     def proposal(self) -> CallConfig:
@@ -230,10 +232,13 @@ class Requests:
         session, messages = self._session, planned.messages
         effective = prepared.config
         route = (effective.provider, effective.model)
+        config_json = self._config_json
+        if config_json is None or config_json[0] is not effective:
+            config_json = self._config_json = (effective, effective.to_json())
         session.append(
             _log.REQUEST_HEADER,
             _log.request_header(
-                step, effective.to_json(), prepared.adapter_defaults,
+                step, config_json[1], prepared.adapter_defaults,
                 messages=len(messages),
                 cache_prefix=0 if before is None else session.common_prefix(before, messages),
                 rewritten=messages is not planned.history,

@@ -531,8 +531,10 @@ class _Run:
 
     async def _dispatch_all(self, nursery: trio.Nursery) -> None:
         for slot in self.slots:
-            self._take_answers()  # answers given while the previous prelude ran
-            await self._dispatch_ready(nursery)
+            if self.parked:
+                self._take_answers()  # answers given while the previous prelude ran
+            if self.ready:
+                await self._dispatch_ready(nursery)
             if slot.parked or slot.deferred:
                 continue  # parked in an earlier turn: answered through the ready queue
             if slot.result is None:
@@ -541,7 +543,8 @@ class _Run:
                 await self._dispatch(nursery, slot)
             await self._emit_ready()
         while True:
-            await self._dispatch_ready(nursery)
+            if self.ready:
+                await self._dispatch_ready(nursery)
             await self._emit_ready()
             if self.emitted == len(self.slots):
                 return

@@ -700,7 +700,7 @@ def _compile_object(schema: Mapping[str, Any]) -> _Check | None:
     cached: list[Any] = [None, {}]
 
     def check(value: object, path: str, out: list[str]) -> None:
-        assert isinstance(value, Mapping)
+        assert isinstance(value, (dict, Mapping))  # dict first: no ABC check for JSON
         if required and not value.keys() >= required_keys:
             out.extend(
                 f"{_join(path, name)}: missing required field" for name in required
