@@ -34,6 +34,7 @@ from ._model import (
     ToolResult,
     ToolSpec,
 )
+from ._util import quick_init
 from .llm._retry import RetryPolicy
 
 __all__ = [
@@ -174,6 +175,7 @@ class Allow:
 # --- durable, and the flush barrier ---------------------------------------------------------
 
 
+@quick_init
 @attrs.frozen(slots=True)
 class SessionEventAppended(Event):
     """An event was appended to a session's durable log (delivered in seq order)."""

@@ -12,6 +12,7 @@ from ._bus import Disposer, EventBus
 from ._errors import ConfigError, ProviderError
 from ._events import LlmStream
 from ._model import CallConfig, LLMRequest, StreamPart
+from ._util import quick_init
 from .llm._base import ModelAdapter, as_adapter, check_retry
 from .llm._retry import RetryPolicy
 
@@ -37,6 +38,7 @@ class Registration:
     as calls find out; a new registration starts empty)."""
 
 
+@quick_init
 @attrs.frozen(slots=True)
 class PreparedCall:
     """A call config with adapter defaults filled, pinned to the exact registration.

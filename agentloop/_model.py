@@ -9,6 +9,7 @@ import attrs
 
 from ._errors import ConfigError
 from ._json import JSON, FrozenDict, _iter_text, freeze_object, freeze_repaired
+from ._util import quick_init
 
 __all__ = [
     "MessageId",
@@ -54,6 +55,7 @@ def content_text(content: object) -> str:
     return ""
 
 
+@quick_init
 @attrs.frozen(slots=True)
 class ToolCall:
     """A tool call as the model made it.
@@ -70,6 +72,7 @@ class ToolCall:
         return FrozenDict(id=self.id, name=self.name, arguments=self.arguments)
 
 
+@quick_init
 @attrs.frozen(slots=True)
 class Message:
     """One entry of the derived history sent to the model.
@@ -107,6 +110,7 @@ class Message:
         return content_text(self.content)
 
 
+@quick_init
 @attrs.frozen(slots=True)
 class SessionEvent:
     """One entry of a session's append-only durable log.
@@ -121,6 +125,7 @@ class SessionEvent:
     data: FrozenDict
 
 
+@quick_init
 @attrs.frozen(slots=True)
 class InboxMessage:
     """An accepted, pending inbox message. The same record is shared by every event about it."""
@@ -228,6 +233,7 @@ class HistorySnapshot(Sequence[Message]):
         return new()
 
 
+@quick_init
 @attrs.frozen(slots=True, kw_only=True)
 class LLMRequest:
     """One model call, as handed to an adapter.
@@ -249,6 +255,7 @@ class LLMRequest:
     output_name: str = "output"
 
 
+@quick_init
 @attrs.frozen(slots=True)
 class TextDelta:
     """A fragment of the assistant's visible text."""
@@ -290,6 +297,7 @@ class ReasoningDelta:
     )
 
 
+@quick_init
 @attrs.frozen(slots=True)
 class ToolCallDelta:
     """A fragment of tool call ``index``: the first fragment carries ``id`` and ``name``."""
@@ -328,6 +336,7 @@ def _finish_reason(value: str) -> FinishReason:
     return reason
 
 
+@quick_init
 @attrs.frozen(slots=True)
 class Finish:
     """The provider finished the call. ``usage`` maps token counters to ints, when known.
@@ -344,6 +353,7 @@ class Finish:
 StreamPart: TypeAlias = "TextDelta | ReasoningDelta | ToolCallDelta | Finish"
 
 
+@quick_init
 @attrs.frozen(slots=True)
 class ToolResult:
     """The outcome of one tool call: what the model reads back."""

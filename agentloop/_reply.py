@@ -28,11 +28,13 @@ from ._llm import CLOSE_SECONDS
 from ._model import Finish, ReasoningDelta, StreamPart, TextDelta, ToolCall, ToolCallDelta
 from ._output import Verdict
 from ._session import Session
+from ._util import quick_init
 
 __all__ = ["StepOutcome", "fold_stream"]
 
 
 
+@quick_init
 @attrs.frozen(slots=True)
 class StepOutcome:
     finish_reason: str

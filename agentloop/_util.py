@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+import attrs
 import trio
 
-__all__ = ["Latch", "NoPublicConstructor", "construct", "fixup_module_metadata"]
+__all__ = ["Latch", "NoPublicConstructor", "construct", "fixup_module_metadata", "quick_init"]
 
 T = TypeVar("T")
 
@@ -73,3 +74,51 @@ class Latch:
         if self._event is None:
             self._event = trio.Event()
         await self._event.wait()
+
+
+C = TypeVar("C", bound=type)
+
+_FACTORY: type = type(attrs.Factory(list))
+
+
+def quick_init(cls: C) -> C:
+    """Give a frozen, slotted attrs class an ``__init__`` that sets each field through its
+    slot's descriptor, for the value types made on every step (log events, stream parts).
+
+    attrs's frozen ``__init__`` sets each field with ``object.__setattr__``, which looks the
+    field's name up on the class every time; the slot's descriptor is what that lookup
+    finds, so it is bound once here. Same parameters, defaults and converters; later writes
+    are still refused. Fields with a validator or a factory default are refused here.
+    """
+    if hasattr(cls, "__attrs_pre_init__") or hasattr(cls, "__attrs_post_init__"):
+        raise TypeError(f"quick_init: {cls.__qualname__} has an init hook")
+    fields = attrs.fields(cls)
+    positional: list[str] = []
+    keyword: list[str] = []
+    body: list[str] = []
+    namespace: dict[str, Any] = {}
+    for f in fields:
+        if f.validator is not None or isinstance(f.default, _FACTORY) or not f.init:
+            raise TypeError(f"quick_init: {cls.__qualname__}.{f.name} needs attrs's __init__")
+        name, param = f.name, f.alias  # a private field's parameter has no underscore
+        value = param
+        if f.default is not attrs.NOTHING:
+            namespace[f"_default_{name}"] = f.default
+            param += f"=_default_{name}"
+        (keyword if f.kw_only else positional).append(param)
+        namespace[f"_set_{name}"] = getattr(cls, name).__set__
+        if f.converter is not None:
+            namespace[f"_convert_{name}"] = f.converter
+            value = f"_convert_{name}({value})"
+        body.append(f"    _set_{name}(self, {value})")
+    params = ", ".join(["self", *positional, *(["*", *keyword] if keyword else [])])
+    source = f"def __init__({params}):\n" + ("\n".join(body) or "    pass") + "\n"
+    exec(compile(source, f"<quick_init {cls.__qualname__}>", "exec"), namespace)  # noqa: S102
+    init = namespace["__init__"]
+    generated: Any = cls.__dict__["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__module__ = cls.__module__
+    init.__annotations__ = dict(generated.__annotations__)
+    init.__doc__ = generated.__doc__
+    setattr(cls, "__init__", init)  # noqa: B010 - a type checker refuses the plain form
+    return cls

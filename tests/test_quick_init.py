@@ -1,0 +1,79 @@
+"""The value types made on every step keep attrs's constructor, only quicker."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import attrs
+import pytest
+
+from agentloop import _llm, _model, _reply
+from agentloop._util import quick_init
+from agentloop.events import SessionEventAppended
+
+QUICK = [
+    _model.ToolCall, _model.Message, _model.SessionEvent, _model.LLMRequest,
+    _model.TextDelta, _model.ToolCallDelta, _model.Finish, _model.ToolResult,
+    _model.InboxMessage, SessionEventAppended, _llm.PreparedCall, _reply.StepOutcome,
+]
+
+
+def _attrs_twin(cls: type) -> Any:
+    """The same fields in a class whose ``__init__`` is attrs's own."""
+    these = {
+        f.name: attrs.field(
+            default=f.default, kw_only=f.kw_only, converter=f.converter, alias=f.alias
+        )
+        for f in attrs.fields(cls)
+    }
+    return attrs.make_class(f"{cls.__name__}Twin", these, frozen=True, slots=True)
+
+
+@pytest.mark.parametrize("cls", QUICK, ids=lambda c: c.__name__)
+def test_the_parameters_are_attrs_own(cls: type) -> None:
+    ours = inspect.signature(cls).parameters
+    theirs = inspect.signature(_attrs_twin(cls)).parameters
+    assert [(p.name, p.kind, p.default) for p in ours.values()] == [
+        (p.name, p.kind, p.default) for p in theirs.values()
+    ]
+
+
+def test_values_defaults_and_converters_are_set_as_attrs_sets_them() -> None:
+    finish = _model.Finish("end_turn")
+    assert finish.reason == "stop"  # the converter ran
+    assert finish.usage is None
+    request = _model.LLMRequest(system="s", messages=(), tools=(), config=_model.CallConfig())
+    assert (request.turn, request.output_name) == (0, "output")
+    message = _model.Message("user", "hi")
+    assert message == _model.Message(role="user", content="hi", tool_calls=())
+    with pytest.raises(ValueError, match="unknown finish reason 'nope'"):
+        _model.Finish("nope")
+    with pytest.raises(TypeError):
+        _model.TextDelta()  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        _model.LLMRequest("s", (), (), _model.CallConfig())  # type: ignore[misc]
+
+
+def test_later_writes_are_still_refused() -> None:
+    event = _model.SessionEvent(1, "turn/start", 1, _model.FrozenDict(turn=1))
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        event.seq = 2  # type: ignore[misc]
+    assert attrs.evolve(event, seq=2).seq == 2
+
+
+def test_a_class_quick_init_cannot_serve_is_refused() -> None:
+    @attrs.frozen(slots=True)
+    class Checked:
+        n: int = attrs.field(validator=attrs.validators.instance_of(int))
+
+    @attrs.frozen(slots=True)
+    class Hooked:
+        n: int
+
+        def __attrs_post_init__(self) -> None:
+            pass
+
+    for cls in (Checked, Hooked):
+        with pytest.raises(TypeError, match=f"quick_init: {cls.__qualname__}"):
+            quick_init(cls)
