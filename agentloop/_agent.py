@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextvars
 import logging
 import math
-import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final, Literal, final
 
@@ -58,6 +57,7 @@ from ._model import (
     PendingApproval,
     ToolCall,
     ToolResult,
+    new_message_id,
 )
 from ._output import FINAL_RESULT, OutputSpec, Verdict, correction
 from ._request import Requests
@@ -401,7 +401,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         if target not in TARGETS:
             raise InvalidContent(f"target: must be 'next-turn' or 'next-step', got {target!r}")
         message = InboxMessage(
-            MessageId(f"msg_{uuid.uuid4().hex[:20]}"),
+            new_message_id(),
             _freeze_content(content),
             freeze(source, path="source"),
         )
@@ -890,9 +890,11 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             ),
             turn.number,
         )
+        bus = self._services.bus
+        if not (bus.has_handlers(SessionFlush) or bus.has_listeners(AgentTurnEnd)):
+            return  # nothing to wait for: no store to flush, nobody told of the end
         with trio.move_on_after(CLOSE_GRACE, shield=True):
             await self._flush(end.seq)
-            bus = self._services.bus
             if bus.has_listeners(AgentTurnEnd):
                 try:
                     await bus.emit(AgentTurnEnd(self.id, turn.number, turn.reason or ""))
@@ -1036,7 +1038,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
 
     def _correct(self, turn: int, text: str) -> None:
         """Tell the model, as a steering message of this turn, what to fix in its output."""
-        mid = MessageId(f"msg_{uuid.uuid4().hex[:20]}")
+        mid = new_message_id()
         self.session.append(
             _log.STEERING_MESSAGE,
             _log.claimed_message(mid, text, FrozenDict(kind="output-correction")),

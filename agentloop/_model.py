@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Literal, NewType, TypeAlias, TypeVar, get_args
 
@@ -13,6 +14,7 @@ from ._util import quick_init
 
 __all__ = [
     "MessageId",
+    "new_message_id",
     "Content",
     "ToolCall",
     "Message",
@@ -36,6 +38,12 @@ __all__ = [
 
 MessageId = NewType("MessageId", str)
 """Identifies one accepted inbox message; unique across both pending lists of an agent."""
+
+
+def new_message_id() -> MessageId:
+    """A fresh ``msg_`` id of 80 random bits (from the OS: an application's seeded
+    ``random`` must not make two processes' ids meet in one durable log)."""
+    return MessageId(f"msg_{os.urandom(10).hex()}")
 
 Content: TypeAlias = "str | tuple[JSON, ...]"
 """Message content: a string, or a tuple of JSON-like parts (``{"type": "text", "text": ...}``)."""

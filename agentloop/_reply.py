@@ -315,7 +315,7 @@ async def fold_stream(
     """
     fold = _Fold(session, turn, step, stream)
     # The per-chunk path reads locals only: the fold's lists, bound once.
-    append = session.append
+    append, text_chunk, chunk_type = session.append, _log.text_chunk, _log.ASSISTANT_CHUNK
     text, seqs, visible = fold.text, fold.seqs, fold.visible
     block_no = fold.block_no
     block_texts: list[str] = []
@@ -351,13 +351,13 @@ async def fold_stream(
                         continue
                     kind = "text" if is_text else "reasoning"
                     if delta.isascii() or text_problem(delta) is None:
-                        chunk = _log.text_chunk(step, kind, delta)
+                        chunk = text_chunk(step, kind, delta)
                     else:
                         # A provider's lone surrogate (a JSON "\ud83d" escape) could never be
                         # stored or sent again: repaired, and the repair noted.
                         delta = repair_text(delta)
-                        chunk = _log.text_chunk(step, kind, delta, repaired=True)
-                    seq = append(_log.ASSISTANT_CHUNK, chunk, turn).seq
+                        chunk = text_chunk(step, kind, delta, repaired=True)
+                    seq = append(chunk_type, chunk, turn).seq
                     seqs.append(seq)
                     visible.append(seq)
                     (text if is_text else block_texts).append(delta)

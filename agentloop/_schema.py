@@ -652,7 +652,18 @@ def _is_array(value: object) -> bool:
     return cls is list or cls is tuple or _kind(value) == "array"
 
 
+def _is_integer(value: object) -> bool:
+    return type(value) is int or _is_type(value, "integer")  # an exact int: the usual case
+
+
+def _is_number(value: object) -> bool:
+    cls = type(value)
+    return cls is int or cls is float or _is_type(value, "number")
+
+
 _KIND_TESTS: dict[str, Callable[[object], bool]] = {
+    "integer": _is_integer,
+    "number": _is_number,
     "string": lambda value: isinstance(value, str),
     "boolean": lambda value: isinstance(value, bool),
     "null": lambda value: value is None,

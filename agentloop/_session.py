@@ -11,7 +11,6 @@ replacement finds the messages its seqs produced.
 from __future__ import annotations
 
 import re
-import uuid
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, TypeVar, cast, overload
@@ -31,6 +30,7 @@ from ._model import (
     SessionEvent,
     ToolCall,
     ToolResult,
+    new_message_id,
 )
 from ._prices import add_cost
 
@@ -771,7 +771,7 @@ def continue_crashed_turn(
         session.append(
             _log.STEERING_MESSAGE,
             _log.claimed_message(
-                f"msg_{uuid.uuid4().hex[:20]}", CUT_BY_CRASH, FrozenDict(kind="crashed-turn")
+                new_message_id(), CUT_BY_CRASH, FrozenDict(kind="crashed-turn")
             ),
             point.turn,
         )

@@ -259,6 +259,8 @@ class ToolRegistry:
         return Disposer(dispose)
 
     def guards_for(self, agent_id: str) -> list[Policy]:
+        if not self._guards:
+            return []  # the usual registry: no guard at all
         return [p for owner, p in self._guards if owner is None or owner == agent_id]
 
     def lookup(self, name: str, agent_id: str) -> Tool | None:
