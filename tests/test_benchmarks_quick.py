@@ -125,6 +125,7 @@ OTHERS = [
     (["bench_progress.py", "--quick"], "reports read"),
     (["bench_kit_shrink.py", "--runs", "1"], "shrinking a 10-operation failure"),
     (["bench_kit_mutants.py", "--seeds", "1", "--only", "status lags"], "1/1"),
+    (["bench_instructions.py", "--quick"], "each ran one turn"),
 ]
 
 

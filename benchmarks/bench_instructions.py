@@ -1,0 +1,257 @@
+"""Instructions per step of the yardstick's W1 turn, counted by valgrind: a figure that does
+not move with the machine's load.
+
+    python benchmarks/bench_instructions.py [--subscribers N] [--pythonpath TREE]
+
+On a shared machine the wall and CPU clocks move by 1.5x between minutes, so two trees a few
+percent apart cannot be told apart by timing them. Counting instructions can: valgrind's
+``callgrind`` runs the same turns in a child process twice (2 and 6 turns of 50 steps) and
+the difference, divided by the 200 steps between them, is what a step costs, start-up and
+imports cancelled out; two runs of one tree agree to 0.01%. The same is done for the bare trio
+loop of the yardstick's floor (``floor_trio.py``'s W1, written out below), so the ratio is
+the yardstick's W1 ratio counted in instructions. A third loop is that floor in the design
+card's shape (an actor task fed by a channel, a task per tool call): the least the shape
+itself costs.
+
+Instructions are not time: a step's memory traffic and branches do not count the same, and
+the ratio counted here runs below the timed one (9.3x counted when the yardstick timed 10.6x
+on 2026-12-06: the runtime's larger working set misses the caches more). Use it to
+compare two trees (``--pythonpath`` points at another checkout, first on ``sys.path``), and
+the yardstick for the goal figures. The turn is the yardstick's: ``FunctionModel`` with one
+checkpoint per model call, 10 text chunks and one tool call a step (none on the last), a
+fresh agent per turn; ``--subscribers N`` adds N durable subscribers reading every event.
+Needs ``valgrind`` on ``PATH``; about 3 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+STEPS = 50
+CHUNKS = [f"tok{i} " for i in range(10)]
+
+
+async def agentloop_turns(turns: int, subscribers: int) -> None:
+    import trio
+
+    import agentloop
+    from agentloop.events import SessionEventAppended
+    from agentloop.testing import Finish, FunctionModel, TextDelta, ToolCallDelta
+
+    made = [0]
+
+    async def add(a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: the first number.
+            b: the second number.
+        """
+        return a + b
+
+    async def stream(request: Any) -> AsyncIterator[Any]:
+        await trio.lowlevel.checkpoint()  # the model request's network read
+        want = request.step < STEPS
+        for chunk in CHUNKS:
+            yield TextDelta(chunk)
+        if want:
+            made[0] += 1
+            n = made[0]
+            yield ToolCallDelta(0, id=f"call_{n}", name="add", arguments=f'{{"a": {n}, "b": 1}}')
+        yield Finish("tool_calls" if want else "stop")
+
+    async def observe(rt: Any, done: Any, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        async with rt.events.subscribe(SessionEventAppended) as rx:
+            task_status.started()
+            async for appended in rx:
+                if appended.event.type == "turn/end":
+                    break
+        done.set()
+
+    options = agentloop.AgentOptions(provider="bench", model="zero-latency")
+    async with agentloop.open_runtime() as rt:
+        rt.tools.tool(add, concurrency="parallel")
+        model = FunctionModel(stream)
+        rt.llm.register("bench", model)
+        for turn in range(turns):
+            handle = await rt.agents.create(session_id=f"w1-{turn}", agent_options=options)
+            async with handle, trio.open_nursery() as nursery:
+                seen = [trio.Event() for _ in range(subscribers)]
+                for done in seen:
+                    await nursery.start(observe, rt, done)
+                handle.agent.followup("go")
+                await handle.agent.wait_idle()
+                for done in seen:
+                    await done.wait()
+            model.requests.clear()
+
+
+async def floor_turns(turns: int) -> None:
+    """``floor_trio.py``'s W1 loop: plain lists and dicts, one checkpoint per model call."""
+    import trio
+
+    made = [0]
+
+    async def add(a: int, b: int) -> int:
+        return a + b
+
+    async def model(want_tool: bool) -> AsyncIterator[Any]:
+        for chunk in CHUNKS:
+            yield chunk
+        if want_tool:
+            made[0] += 1
+            yield {"id": f"call_{made[0]}", "name": "add",
+                   "arguments": f'{{"a": {made[0]}, "b": 1}}'}
+
+    for _ in range(turns):
+        history: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+        for step in range(1, STEPS + 1):
+            await trio.lowlevel.checkpoint()
+            chunks, call = [], None
+            async for part in model(step < STEPS):
+                if type(part) is str:
+                    chunks.append(part)
+                else:
+                    call = part
+            history.append({"role": "assistant", "content": "".join(chunks),
+                            "tool_calls": [call] if call else None})
+            if call is None:
+                break
+            result = await add(**json.loads(call["arguments"]))
+            history.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+
+
+async def shape_turns(turns: int) -> None:
+    """The floor in the design card's shape: an actor task per agent receiving its input
+    from a channel, and each tool call in a task of its own (in one nursery per turn), the
+    actor waiting for it. The least the shape itself costs on trio."""
+    import trio
+
+    made = [0]
+
+    async def add(a: int, b: int) -> int:
+        return a + b
+
+    async def model(want_tool: bool) -> AsyncIterator[Any]:
+        for chunk in CHUNKS:
+            yield chunk
+        if want_tool:
+            made[0] += 1
+            yield {"id": f"call_{made[0]}", "name": "add",
+                   "arguments": f'{{"a": {made[0]}, "b": 1}}'}
+
+    async def call_tool(call: dict[str, Any], box: list[Any], done: Any) -> None:
+        try:
+            box.append(await add(**json.loads(call["arguments"])))
+        finally:
+            done.set()
+
+    async def actor(inbox: Any, idle: Any) -> None:
+        async for content in inbox:
+            history: list[dict[str, Any]] = [{"role": "user", "content": content}]
+            async with trio.open_nursery() as tools:
+                for step in range(1, STEPS + 1):
+                    await trio.lowlevel.checkpoint()
+                    chunks, call = [], None
+                    async for part in model(step < STEPS):
+                        if type(part) is str:
+                            chunks.append(part)
+                        else:
+                            call = part
+                    history.append({"role": "assistant", "content": "".join(chunks),
+                                    "tool_calls": [call] if call else None})
+                    if call is None:
+                        break
+                    box: list[Any] = []
+                    done = trio.Event()
+                    tools.start_soon(call_tool, call, box, done, name=f"tool:{call['id']}")
+                    await done.wait()
+                    history.append({"role": "tool", "tool_call_id": call["id"],
+                                    "content": box[0]})
+            idle.set()
+
+    async with trio.open_nursery() as agents:
+        for _ in range(turns):
+            send, inbox = trio.open_memory_channel[str](1)
+            idle = trio.Event()
+            agents.start_soon(actor, inbox, idle)
+            async with send:
+                send.send_nowait("go")
+                await idle.wait()
+
+
+def count(what: str, turns: int, subscribers: int, pythonpath: str | None) -> int:
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (pythonpath, os.path.join(pythonpath, "plugins"),
+                        env.get("PYTHONPATH")) if p
+        )
+    out = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+         __file__, "--child", what, str(turns), str(subscribers)],
+        env=env, capture_output=True, text=True, check=False,
+    )
+    found = re.search(r"Collected\s*:\s*([\d,]+)", out.stderr)
+    if out.returncode != 0 or found is None:
+        raise SystemExit(f"the {what} run under valgrind failed:\n{out.stderr[-2000:]}")
+    return int(found[1].replace(",", ""))
+
+
+def per_step(what: str, subscribers: int, pythonpath: str | None) -> float:
+    return (count(what, 6, subscribers, pythonpath) - count(what, 2, subscribers, pythonpath)) \
+        / (4 * STEPS)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--subscribers", type=int, default=0)
+    parser.add_argument("--pythonpath", help="a checkout to measure instead of the installed one")
+    parser.add_argument("--quick", action="store_true",
+                        help="run each loop for one turn, uncounted (checks that they run)")
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.quick:
+        import trio
+
+        trio.run(floor_turns, 1)
+        trio.run(shape_turns, 1)
+        trio.run(agentloop_turns, 1, max(args.subscribers, 1))
+        print("quick: the floor, the floor in the shape and agentloop each ran one turn "
+              "(uncounted; run without --quick to count)")
+        return
+    if args.child:
+        import trio
+
+        what, turns, subscribers = args.child[0], int(args.child[1]), int(args.child[2])
+        if what == "floor":
+            trio.run(floor_turns, turns)
+        elif what == "shape":
+            trio.run(shape_turns, turns)
+        else:
+            trio.run(agentloop_turns, turns, subscribers)
+        return
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not on PATH: this benchmark counts instructions with it")
+    floor = per_step("floor", 0, None)
+    shape = per_step("shape", 0, None)
+    ours = per_step("agentloop", 0, args.pythonpath)
+    print(f"floor (bare trio)      {floor:>12,.0f} instructions per step")
+    print(f"floor in the shape     {shape:>12,.0f} instructions per step ({shape / floor:.2f}x)")
+    print(f"agentloop              {ours:>12,.0f} instructions per step ({ours / floor:.2f}x)")
+    if args.subscribers:
+        subs = per_step("agentloop", args.subscribers, args.pythonpath)
+        print(f"agentloop + {args.subscribers} subscriber{'s' if args.subscribers > 1 else ' '} "
+              f"{subs:>12,.0f} instructions per step ({subs / ours:.2f}x agentloop)")
+
+
+if __name__ == "__main__":
+    main()
