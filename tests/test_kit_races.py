@@ -90,10 +90,13 @@ def test_every_runtime_shares_one_verifying_tls_context(monkeypatch: pytest.Monk
 
 
 def _drawn(strategy: Any, n: int) -> list[Any]:
-    from hypothesis import HealthCheck, given, settings
+    # Seeded: the share of a kind moves by 0.1 from one random search to the next, which is
+    # more than the margin a test of the weights can keep.
+    from hypothesis import HealthCheck, given, seed, settings
 
     seen: list[Any] = []
 
+    @seed(20261206)
     @settings(max_examples=n, database=None, deadline=None,
               suppress_health_check=list(HealthCheck))
     @given(strategy)
@@ -115,10 +118,12 @@ def test_the_weights_decide_how_often_each_kind_is_drawn() -> None:
 
 
 def test_tool_calls_and_stalls_are_most_of_a_script() -> None:
-    scripts = _drawn(als.model_scripts(failures=False), 300)
+    # 5 of the 8 weighted options (62%; searches drew 59-72%); with every weight 1 they were
+    # 2 of 5 (searches drew 38-46%).
+    scripts = _drawn(als.model_scripts(failures=False), 500)
     drawn = [b for script in scripts for b in script]
     slow = sum(isinstance(b, (als.CallTools, als.Stall)) for b in drawn)
-    assert slow > 0.6 * len(drawn), (slow, len(drawn))
+    assert slow > 0.52 * len(drawn), (slow, len(drawn))
 
 
 @pytest.mark.parametrize("first", ["close", "spawn"])
