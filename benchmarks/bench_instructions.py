@@ -7,14 +7,14 @@ On a shared machine the wall and CPU clocks move by 1.5x between minutes, so two
 percent apart cannot be told apart by timing them. Counting instructions can: valgrind's
 ``callgrind`` runs the same turns in a child process twice (2 and 6 turns of 50 steps) and
 the difference, divided by the 200 steps between them, is what a step costs, start-up and
-imports cancelled out; two runs of one tree agree to 0.01%. The same is done for the bare trio
+imports cancelled out; two runs of one tree agree within 0.1%. The same is done for the bare trio
 loop of the yardstick's floor (``floor_trio.py``'s W1, written out below), so the ratio is
 the yardstick's W1 ratio counted in instructions. A third loop is that floor in the design
 card's shape (an actor task fed by a channel, a task per tool call): the least the shape
 itself costs.
 
 Instructions are not time: a step's memory traffic and branches do not count the same, and
-the ratio counted here runs below the timed one (9.3x counted when the yardstick timed 10.6x
+the ratio counted here runs below the timed one (9.2x counted when the yardstick timed 10.6x
 on 2026-12-06: the runtime's larger working set misses the caches more). Use it to
 compare two trees (``--pythonpath`` points at another checkout, first on ``sys.path``), and
 the yardstick for the goal figures. The turn is the yardstick's: ``FunctionModel`` with one
@@ -32,7 +32,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 STEPS = 50
@@ -94,39 +94,53 @@ async def agentloop_turns(turns: int, subscribers: int) -> None:
             model.requests.clear()
 
 
-async def floor_turns(turns: int) -> None:
-    """``floor_trio.py``'s W1 loop: plain lists and dicts, one checkpoint per model call."""
+_MADE = [0]
+
+
+async def add(a: int, b: int) -> int:
+    return a + b
+
+
+async def model(want_tool: bool) -> AsyncIterator[Any]:
+    """The floors' model: the chunks, then one tool call (a plain dict) unless told not to."""
+    for chunk in CHUNKS:
+        yield chunk
+    if want_tool:
+        _MADE[0] += 1
+        yield {"id": f"call_{_MADE[0]}", "name": "add",
+               "arguments": f'{{"a": {_MADE[0]}, "b": 1}}'}
+
+
+def direct(call: dict[str, Any]) -> Awaitable[Any]:
+    """The floor's tool call: the tool's coroutine, awaited by the loop itself."""
+    return add(**json.loads(call["arguments"]))
+
+
+async def floor_turn(content: str, run_tool: Callable[[dict[str, Any]], Awaitable[Any]]) -> None:
+    """``floor_trio.py``'s W1 turn: plain lists and dicts, one checkpoint per model call, the
+    tool call made by ``run_tool``."""
     import trio
 
-    made = [0]
+    history: list[dict[str, Any]] = [{"role": "user", "content": content}]
+    for step in range(1, STEPS + 1):
+        await trio.lowlevel.checkpoint()
+        chunks, call = [], None
+        async for part in model(step < STEPS):
+            if type(part) is str:
+                chunks.append(part)
+            else:
+                call = part
+        history.append({"role": "assistant", "content": "".join(chunks),
+                        "tool_calls": [call] if call else None})
+        if call is None:
+            return
+        result = await run_tool(call)
+        history.append({"role": "tool", "tool_call_id": call["id"], "content": result})
 
-    async def add(a: int, b: int) -> int:
-        return a + b
 
-    async def model(want_tool: bool) -> AsyncIterator[Any]:
-        for chunk in CHUNKS:
-            yield chunk
-        if want_tool:
-            made[0] += 1
-            yield {"id": f"call_{made[0]}", "name": "add",
-                   "arguments": f'{{"a": {made[0]}, "b": 1}}'}
-
+async def floor_turns(turns: int) -> None:
     for _ in range(turns):
-        history: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
-        for step in range(1, STEPS + 1):
-            await trio.lowlevel.checkpoint()
-            chunks, call = [], None
-            async for part in model(step < STEPS):
-                if type(part) is str:
-                    chunks.append(part)
-                else:
-                    call = part
-            history.append({"role": "assistant", "content": "".join(chunks),
-                            "tool_calls": [call] if call else None})
-            if call is None:
-                break
-            result = await add(**json.loads(call["arguments"]))
-            history.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+        await floor_turn("go", direct)
 
 
 async def shape_turns(turns: int) -> None:
@@ -135,47 +149,24 @@ async def shape_turns(turns: int) -> None:
     actor waiting for it. The least the shape itself costs on trio."""
     import trio
 
-    made = [0]
-
-    async def add(a: int, b: int) -> int:
-        return a + b
-
-    async def model(want_tool: bool) -> AsyncIterator[Any]:
-        for chunk in CHUNKS:
-            yield chunk
-        if want_tool:
-            made[0] += 1
-            yield {"id": f"call_{made[0]}", "name": "add",
-                   "arguments": f'{{"a": {made[0]}, "b": 1}}'}
-
     async def call_tool(call: dict[str, Any], box: list[Any], done: Any) -> None:
         try:
-            box.append(await add(**json.loads(call["arguments"])))
+            box.append(await direct(call))
         finally:
             done.set()
 
     async def actor(inbox: Any, idle: Any) -> None:
         async for content in inbox:
-            history: list[dict[str, Any]] = [{"role": "user", "content": content}]
             async with trio.open_nursery() as tools:
-                for step in range(1, STEPS + 1):
-                    await trio.lowlevel.checkpoint()
-                    chunks, call = [], None
-                    async for part in model(step < STEPS):
-                        if type(part) is str:
-                            chunks.append(part)
-                        else:
-                            call = part
-                    history.append({"role": "assistant", "content": "".join(chunks),
-                                    "tool_calls": [call] if call else None})
-                    if call is None:
-                        break
+
+                async def in_task(call: dict[str, Any]) -> Any:
                     box: list[Any] = []
                     done = trio.Event()
                     tools.start_soon(call_tool, call, box, done, name=f"tool:{call['id']}")
                     await done.wait()
-                    history.append({"role": "tool", "tool_call_id": call["id"],
-                                    "content": box[0]})
+                    return box[0]
+
+                await floor_turn(content, in_task)
             idle.set()
 
     async with trio.open_nursery() as agents:
