@@ -45,6 +45,7 @@ def new_message_id() -> MessageId:
     ``random`` must not make two processes' ids meet in one durable log)."""
     return MessageId(f"msg_{os.urandom(10).hex()}")
 
+
 Content: TypeAlias = "str | tuple[JSON, ...]"
 """Message content: a string, or a tuple of JSON-like parts (``{"type": "text", "text": ...}``)."""
 

@@ -229,13 +229,10 @@ class _Fold:
         if type(stream) is types.AsyncGeneratorType and _closes_without_running(stream):
             # Nothing of the generator runs when it is closed, so nothing can wait or see a
             # cancel: the shielded scope (the costliest part of a step's close) is skipped.
-            # A close of such a generator ends at once: StopIteration (not contextlib.suppress,
-            # three calls more on every step).
             try:
                 stream.aclose().send(None)
-            except StopIteration:
+            except StopIteration:  # how such a close ends, at once
                 return
-            return
         aclose = getattr(stream, "aclose", None)
         if aclose is not None:
             with trio.move_on_after(CLOSE_SECONDS, shield=True):
