@@ -90,7 +90,9 @@ class Requests:
 
     async def step(self, turn: int, step: int, spec: OutputSpec | None) -> StepOutcome:
         """Make this step's model call and fold its reply into the log."""
-        planned = await self._plan(turn, step)
+        planned = self._proposed()
+        if self._services.bus.has_handlers(AgentRequest):
+            await self._rewrite(planned, turn, step)
         outcome, config, prepared = await self._call(turn, step, planned, spec)
         if config is not planned.config:
             # A call moved to another route (a fallback) serves this step only.
@@ -112,21 +114,27 @@ class Requests:
             )
         return outcome
 
-    async def _plan(self, turn: int, step: int) -> _Planned:
-        """The request the step proposes, through the ``agent/request`` waterfall."""
-        services, config = self._services, self._proposal
-        specs = self._visible_specs()
-        template = services.prompt.template_for(self._agent_id, self._system_prompt)
-        system = self._render(template, config)
+    def _proposed(self) -> _Planned:
+        """The request the step proposes."""
+        config = self._proposal
+        template = self._services.prompt.template_for(self._agent_id, self._system_prompt)
         history = self._session.messages()
-        planned = _Planned(config, system, template, "{" in template, history, history, specs)
-        if not services.bus.has_handlers(AgentRequest):
-            return planned
+        return _Planned(
+            config, self._render(template, config), template, "{" in template, history,
+            history, self._visible_specs(),
+        )
+
+    async def _rewrite(self, planned: _Planned, turn: int, step: int) -> None:
+        """``planned`` as the ``agent/request`` waterfall leaves it."""
+        config, system, history, specs = (
+            planned.config, planned.system, planned.history, planned.specs
+        )
+        template = planned.template
         outcome_of = _Outcome()
         proposed = AgentRequest(
             self._agent_id, turn, step, config, system, specs, history, outcome_of
         )
-        planned.config = await services.bus.emit(proposed)
+        planned.config = await self._services.bus.emit(proposed)
         final = outcome_of.event
         if final is None or final.config is not planned.config:
             # Only the waterfall's own last copy says what the handlers left.
@@ -137,7 +145,6 @@ class Requests:
             planned.templated = False
         elif planned.templated:
             planned.system = self._render(template, planned.config)
-        return planned
 
     async def _call(
         self, turn: int, step: int, planned: _Planned, spec: OutputSpec | None
@@ -153,7 +160,8 @@ class Requests:
             attempt = tries[key] = tries.get(key, 0) + 1
             prepared: PreparedCall | None = None
             try:
-                prepared = await self._prepare(config)
+                _check_route(config)
+                prepared = await self._services.llm.prepare_call(config)
                 outcome = await self._attempt(turn, step, planned, config, prepared, spec, after)
                 return outcome, config, prepared
             except ProviderError as err:
@@ -191,15 +199,6 @@ class Requests:
         error = freeze_repaired(failure.to_json())[0]
         assert isinstance(error, FrozenDict)
         return _log.failed_call(config.provider, config.model, attempt, error)
-
-    async def _prepare(self, config: CallConfig) -> PreparedCall:
-        if not config.provider or not config.model:
-            raise ProviderError(
-                f"a model call needs a provider and a model; got provider="
-                f"{config.provider!r}, model={config.model!r}",
-                code="INVALID_CONFIG",
-            )
-        return await self._services.llm.prepare_call(config)
 
     async def _attempt(
         self, turn: int, step: int, planned: _Planned, config: CallConfig,
@@ -268,3 +267,12 @@ class Requests:
             prices.priced, effective.provider, effective.model
         )
         return await fold_stream(session, turn, step, stream, judge, failure=guard, cost=cost)
+
+
+def _check_route(config: CallConfig) -> None:
+    if not config.provider or not config.model:
+        raise ProviderError(
+            f"a model call needs a provider and a model; got provider="
+            f"{config.provider!r}, model={config.model!r}",
+            code="INVALID_CONFIG",
+        )
