@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import signal
+import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TextIO
 
@@ -11,6 +13,7 @@ import trio
 import agentloop
 
 from ._cli import (
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
     CliError,
@@ -56,7 +59,14 @@ async def sessions_tail(args: argparse.Namespace, out: TextIO, err: TextIO) -> i
             for event in stored.events[max(args.from_seq, 1) - 1:]:
                 out.write(_line(event, args.json) + "\n")
             return EXIT_OK
-        async with agentloop.open_runtime(plugins=[_providing(store)]) as rt:
+        async with agentloop.open_runtime(plugins=[_providing(store)]) as rt, \
+                trio.open_nursery() as nursery:
+            # Ctrl-C is taken as a signal and becomes a cancel of the follow, so the runtime
+            # closes as it always does: a KeyboardInterrupt raised wherever the signal finds
+            # the process could stop one of the runtime's tasks halfway, and its close wait.
+            interrupted = trio.Event()
+            if threading.current_thread() is threading.main_thread():
+                await nursery.start(_stop_on_interrupt, nursery.cancel_scope, interrupted)
             try:
                 async with rt.sessions.tail(args.id, from_seq=args.from_seq) as tail:
                     async for event in tail:
@@ -64,4 +74,18 @@ async def sessions_tail(args: argparse.Namespace, out: TextIO, err: TextIO) -> i
                         out.flush()
             except agentloop.SessionNotFound:
                 raise CliError(f"no session {args.id!r} in {store.path}", EXIT_USAGE) from None
-    return EXIT_OK
+            finally:
+                nursery.cancel_scope.cancel()
+        return EXIT_INTERRUPTED if interrupted.is_set() else EXIT_OK
+
+
+async def _stop_on_interrupt(
+    scope: trio.CancelScope, interrupted: trio.Event,
+    *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    with trio.open_signal_receiver(signal.SIGINT) as signals:
+        task_status.started()  # before the first event is printed
+        async for _ in signals:
+            interrupted.set()
+            scope.cancel()
+            return
