@@ -165,6 +165,18 @@ class _Run:
             self._log_call(slot)
         if not self._check(slot):
             return
+        tool = slot.tool
+        assert tool is not None
+        if tool.requires_approval or self.rt.bus.has_handlers(ToolPreExecute) \
+                or self.rt.tools.has_guards():
+            await self._decide(slot)
+        else:
+            # Nobody to ask and nothing to wait for: the common call is decided inline.
+            self._ready_kwargs(slot)
+
+    async def _decide(self, slot: _Slot) -> None:
+        """The pre-execute hook, an approval and the guards, for a call that passed its
+        check."""
         call, tool, bus = slot.call, slot.tool, self.rt.bus
         assert tool is not None
         assert slot.arguments is not None
@@ -244,6 +256,13 @@ class _Run:
             if isinstance(verdict, Deny):
                 slot.result = ToolResult.error("DENIED", f"call denied: {verdict.reason}")
                 return
+        self._ready_kwargs(slot)
+
+    @staticmethod
+    def _ready_kwargs(slot: _Slot) -> None:
+        tool, arguments = slot.tool, slot.arguments
+        assert tool is not None
+        assert arguments is not None
         slot.kwargs = tool.to_kwargs(arguments) if tool.to_kwargs else dict(arguments)
 
     # --- approvals -----------------------------------------------------------------------
@@ -345,6 +364,19 @@ class _Run:
         slot.emitted = True
         self.emitted += 1
 
+    def _emittable(self) -> bool:
+        """Whether :meth:`_emit_ready` has anything to do: it is awaited about four times a
+        step, mostly for nothing."""
+        if self.deferred:
+            return True
+        slots, i = self.slots, self.next_emit
+        if i == len(slots):
+            return False
+        slot = slots[i]
+        return slot.deferred or (
+            slot.result is not None and (slot.finished or not slot.started)
+        )
+
     async def _emit_ready(self) -> None:
         slots = self.slots
         while self.next_emit < len(slots):
@@ -438,13 +470,13 @@ class _Run:
 
     async def _wait_once(self) -> None:
         """Wait for a call to finish, an answer or an approval deadline; then apply it."""
-        if not self._take_answers():
+        if not (self.parked and self._take_answers()):
             # Waited on about once per call: an unset event is kept, and without an approval
             # deadline there is no cancel scope to build.
             if self.changed.is_set():
                 self.changed = trio.Event()
             # Waiting only for a person: the agent counts as settled for wait_idle().
-            blocked = self._only_answers_missing()
+            blocked = self.parked > 0 and self._only_answers_missing()
             if blocked:
                 # Durable before anyone is told: an application that sees the turn blocked
                 # (wait_idle returned, pending_approvals listed) may stop the process at once.
@@ -453,7 +485,7 @@ class _Run:
             if blocked:
                 self.approvals.set_blocked(True)
             try:
-                deadline = self._deadline()
+                deadline = self._deadline() if self.parked else math.inf
                 if deadline == math.inf:
                     await self.changed.wait()
                 else:
@@ -462,8 +494,10 @@ class _Run:
             finally:
                 if blocked:
                     self.approvals.set_blocked(False)
-            self._take_answers()
-        await self._emit_ready()
+            if self.parked:
+                self._take_answers()
+        if self._emittable():
+            await self._emit_ready()
 
     def _only_answers_missing(self) -> bool:
         return self.in_flight == 0 and not self.ready and self.parked > 0
@@ -541,11 +575,13 @@ class _Run:
                 await self._prelude(slot)
             if slot.result is None and not slot.parked:
                 await self._dispatch(nursery, slot)
-            await self._emit_ready()
+            if self._emittable():
+                await self._emit_ready()
         while True:
             if self.ready:
                 await self._dispatch_ready(nursery)
-            await self._emit_ready()
+            if self._emittable():
+                await self._emit_ready()
             if self.emitted == len(self.slots):
                 return
             await self._wait_once()
@@ -634,10 +670,11 @@ async def run_tool_calls(
     those in ``answered`` are not run and get that result (a crashed turn's calls, taken up
     again), in order with the others."""
     run = _Run(runner, turn, calls)
-    for slot in run.slots:
-        slot.logged = slot.call.id in logged
-        if answered is not None:
-            slot.result = answered.get(slot.call.id)
+    if logged or answered:
+        for slot in run.slots:
+            slot.logged = slot.call.id in logged
+            if answered is not None:
+                slot.result = answered.get(slot.call.id)
     await run.run()
 
 

@@ -258,6 +258,10 @@ class ToolRegistry:
 
         return Disposer(dispose)
 
+    def has_guards(self) -> bool:
+        """Whether any guard is registered (for any agent)."""
+        return bool(self._guards)
+
     def guards_for(self, agent_id: str) -> list[Policy]:
         if not self._guards:
             return []  # the usual registry: no guard at all
