@@ -224,11 +224,19 @@ class EventBus:
     def __init__(self) -> None:
         self._handlers: dict[type[Event], list[_Handler]] = {}
         self._subs: dict[type[Event], list[_Feed]] = {}
+        # The classes with a handler or a subscriber: one lookup for the hot paths' pre-check.
+        self._listened: set[type[Event]] = set()
         self._order = itertools.count()
+
+    def _relisten(self, cls: type[Event]) -> None:
+        if cls in self._handlers or cls in self._subs:
+            self._listened.add(cls)
+        else:
+            self._listened.discard(cls)
 
     def has_listeners(self, cls: type[Event]) -> bool:
         """Whether emitting ``cls`` would reach anyone (a cheap pre-check for hot paths)."""
-        return cls in self._handlers or cls in self._subs
+        return cls in self._listened
 
     def has_handlers(self, cls: type[Event]) -> bool:
         return cls in self._handlers
@@ -263,6 +271,7 @@ class EventBus:
         # Copy-on-write: a dispatch in progress keeps iterating the list it started with.
         handlers = sorted([*handlers, entry], key=lambda h: (-h.priority, h.order))
         self._handlers[cls] = handlers
+        self._relisten(cls)
 
         def dispose() -> None:
             current = self._handlers.get(cls)
@@ -273,6 +282,7 @@ class EventBus:
                 self._handlers[cls] = remaining
             else:
                 del self._handlers[cls]
+            self._relisten(cls)
 
         return Disposer(dispose)
 
@@ -404,12 +414,14 @@ class EventBus:
                     self._subs[cls] = remaining
                 else:
                     self._subs.pop(cls, None)
+                self._relisten(cls)
             sub.close()
 
         sub = _Feed(tx, capacity, agent_id, detach)
         _drain_per_wake(rx)
         for cls in flat:
             self._subs[cls] = [*self._subs.get(cls, ()), sub]
+            self._relisten(cls)
         return rx, Disposer(detach)
 
     @overload

@@ -9,6 +9,8 @@ per-chunk builder costs one dict construction.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Final, Literal, TypedDict
 
 from ._json import JSON, FrozenDict, freeze
@@ -245,10 +247,16 @@ def failed_call(
 
 
 def text_chunk(step: int, kind: str, delta: str, *, repaired: bool = False) -> FrozenDict:
-    """An ``assistant/chunk`` of text or reasoning (the per-chunk path: one dict)."""
+    """An ``assistant/chunk`` of text or reasoning."""
     if repaired:
         return FrozenDict(step=step, kind=kind, delta=delta, repaired=True)
     return FrozenDict(step=step, kind=kind, delta=delta)
+
+
+def text_chunks(step: int, kind: str) -> Callable[..., FrozenDict]:
+    """``text_chunk`` for one step and kind, called as ``make(delta=...)``: the per-chunk
+    path then builds its dict without a Python frame (the same keys, in the same order)."""
+    return functools.partial(FrozenDict, step=step, kind=kind)
 
 
 def tool_call_chunk(

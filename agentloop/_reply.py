@@ -165,14 +165,14 @@ def _repaired(value: str | None) -> str | None:
 class _Fold:
     """The state of one reply being folded, and the parts of the fold off the per-chunk path.
 
-    ``fold_stream`` binds the lists to locals and handles text and reasoning chunks inline;
-    everything rarer (a reasoning block opening, a tool-call fragment, the stream's close, the
-    anchors) is a method here, so the loop stays one short frame.
+    ``fold_stream`` binds the lists to locals and handles text chunks inline; everything
+    rarer (reasoning, a tool-call fragment, the stream's close, the anchors) is a method here,
+    so the loop stays one short frame.
     """
 
     __slots__ = (
-        "block_no", "blocks", "calls", "seqs", "session", "signature", "step", "stream", "text",
-        "turn", "visible",
+        "block", "block_no", "blocks", "calls", "calls_at", "seqs", "session", "signature", "step",
+        "stream", "text", "turn",
     )
 
     def __init__(
@@ -184,22 +184,37 @@ class _Fold:
         self.stream = stream
         self.text: list[str] = []
         self.seqs: list[int] = []
-        self.visible: list[int] = []  # the chunks the user saw: what an interruption cites
+        self.calls_at: list[int] = []  # the tool-call chunks: the user saw all the others
         self.blocks: dict[int, _BlockParts] = {}
-        self.block_no = -1  # no block has this number: the first reasoning part opens its block
+        self.block_no = -1
+        self.block: _BlockParts | None = None  # the open reasoning block (of ``block_no``)
         self.signature: str | None = None
         self.calls: dict[int, _CallParts] = {}
 
-    def open_block(self, part: ReasoningDelta) -> list[str]:
-        """Note a reasoning part that opens a block or carries provider data; its block's
-        text list, where the loop appends the block's fragments."""
-        self.block_no = part.block
-        block = self.blocks.get(part.block)
-        if block is None:
-            block = self.blocks[part.block] = _BlockParts()
-        block.note(part)
-        self.signature = block.signature or self.signature
-        return block.texts
+    def reasoning(self, part: ReasoningDelta) -> None:
+        """Log a reasoning part (opening its block, or noting the data the provider
+        attaches) and keep its text with its block's."""
+        block = self.block
+        if (
+            block is None or part.block != self.block_no or part.signature is not None
+            or part.format is not None or part.fields is not None
+        ):
+            self.block_no = part.block
+            block = self.blocks.get(part.block)
+            if block is None:
+                block = self.blocks[part.block] = _BlockParts()
+            block.note(part)
+            self.signature = block.signature or self.signature
+            self.block = block
+        delta = part.text
+        if not delta:
+            return
+        repaired = not delta.isascii() and text_problem(delta) is not None
+        if repaired:
+            delta = repair_text(delta)
+        chunk = _log.text_chunk(self.step, "reasoning", delta, repaired=repaired)
+        self.seqs.append(self.session.append_chunk(chunk, self.turn))
+        block.texts.append(delta)
 
     def note_call(self, part: ToolCallDelta) -> None:
         call_id, name, fragment = part.id, part.name, part.arguments
@@ -220,7 +235,9 @@ class _Fold:
         chunk = _log.tool_call_chunk(
             self.step, part.index, call_id, name, fragment, repaired=repaired
         )
-        self.seqs.append(self.session.append(_log.ASSISTANT_CHUNK, chunk, self.turn).seq)
+        seq = self.session.append_chunk(chunk, self.turn)
+        self.seqs.append(seq)
+        self.calls_at.append(seq)
 
     async def close(self) -> None:
         # Shielded and bounded: a cancelled turn still lets the adapter release its
@@ -241,14 +258,16 @@ class _Fold:
     def interrupted(self) -> None:
         """On cancel: what the user already saw stays, as an interrupted anchor citing
         exactly it (nothing is written when nothing was seen)."""
-        if not self.visible:
+        calls_at = set(self.calls_at)
+        visible = [seq for seq in self.seqs if seq not in calls_at] if calls_at else self.seqs
+        if not visible:
             return
         self.session.append(
             _log.ASSISTANT_MESSAGE,
             _log.assistant_message(
                 step=self.step, content="".join(self.text),
                 reasoning=_reasoning_text(self.blocks), reasoning_signature=self.signature,
-                tool_calls=(), source_event_seqs=tuple(self.visible), finish_reason=None,
+                tool_calls=(), source_event_seqs=tuple(visible), finish_reason=None,
                 usage=None, interrupted=True, reasoning_blocks=_blocks_json(self.blocks),
             ),
             self.turn,
@@ -312,10 +331,9 @@ async def fold_stream(
     """
     fold = _Fold(session, turn, step, stream)
     # The per-chunk path reads locals only: the fold's lists, bound once.
-    append, text_chunk, chunk_type = session.append, _log.text_chunk, _log.ASSISTANT_CHUNK
-    text, seqs, visible = fold.text, fold.seqs, fold.visible
-    block_no = fold.block_no
-    block_texts: list[str] = []
+    append_chunk, text_chunk = session.append_chunk, _log.text_chunk
+    text_data = _log.text_chunks(step, "text")
+    text, seqs = fold.text, fold.seqs
     finish: Finish | None = None
     try:
         # Parts are dispatched on their exact class (one identity test each, on the per-chunk
@@ -334,30 +352,21 @@ async def fold_stream(
                         raise
                     raise failure(exc) from exc
                 cls = type(part)
-                if cls is TextDelta or cls is ReasoningDelta:
-                    is_text = cls is TextDelta
-                    if not is_text and (
-                        part.block != block_no or part.signature is not None
-                        or part.format is not None or part.fields is not None
-                    ):
-                        # Off the per-chunk path: a block opens or the provider attaches data.
-                        block_texts = fold.open_block(part)
-                        block_no = fold.block_no
+                if cls is TextDelta:
                     delta = part.text
                     if not delta:
                         continue
-                    kind = "text" if is_text else "reasoning"
                     if delta.isascii() or text_problem(delta) is None:
-                        chunk = text_chunk(step, kind, delta)
+                        seqs.append(append_chunk(text_data(delta=delta), turn))
                     else:
                         # A provider's lone surrogate (a JSON "\ud83d" escape) could never be
                         # stored or sent again: repaired, and the repair noted.
                         delta = repair_text(delta)
-                        chunk = text_chunk(step, kind, delta, repaired=True)
-                    seq = append(chunk_type, chunk, turn).seq
-                    seqs.append(seq)
-                    visible.append(seq)
-                    (text if is_text else block_texts).append(delta)
+                        chunk = text_chunk(step, "text", delta, repaired=True)
+                        seqs.append(append_chunk(chunk, turn))
+                    text.append(delta)
+                elif cls is ReasoningDelta:
+                    fold.reasoning(part)
                 elif cls is ToolCallDelta:
                     fold.note_call(part)
                 elif cls is Finish:

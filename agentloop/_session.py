@@ -152,6 +152,7 @@ class HistoryView(HistorySnapshot):
 
 
 Reducer = Callable[[list[Message], SessionEvent], None]
+_CHUNK: Final = _log.ASSISTANT_CHUNK
 
 
 def _user(history: list[Message], event: SessionEvent) -> None:
@@ -572,6 +573,21 @@ class Session:
         if wake is not None:
             wake()
         return event
+
+    def append_chunk(self, data: FrozenDict, turn: int | None) -> int:
+        """Append an ``assistant/chunk`` (frozen ``data``, which changes neither the history
+        nor the calls) and return its seq: :meth:`append` for the per-chunk path."""
+        log = self._log
+        seq = len(log) + 1
+        event = SessionEvent(seq, _CHUNK, turn, data)
+        log.append(event)
+        bus = self._bus
+        if bus.has_listeners(SessionEventAppended):
+            bus.emit_nowait(SessionEventAppended(self.id, event))
+        wake = self._wake
+        if wake is not None:
+            wake()
+        return seq
 
     def load(self, events: Sequence[SessionEvent]) -> None:
         """Rebuild from a stored log (same seqs), without re-announcing the events.

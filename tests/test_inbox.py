@@ -11,7 +11,14 @@ from conftest import OPTIONS, check_history_valid, check_log_invariants, of_type
 
 import agentloop
 from agentloop import events as ev
-from agentloop.testing import Finish, FunctionModel, TextDelta, reply
+from agentloop.testing import (
+    Finish,
+    FunctionModel,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+    reply,
+)
 
 
 async def new_agent(rt: agentloop.Context, sid: str = "a") -> agentloop.Agent:
@@ -185,6 +192,35 @@ async def test_cancel_mid_stream_keeps_what_the_user_saw(rt) -> None:
     assert history[-1].interrupted and history[-1].text == "one two "
     assert agent.inbox.next_turn == ()  # cleared by the cancel
     assert gate.calls == 1  # a cancel never leaks onto a later prompt
+
+
+async def test_an_interrupted_anchor_cites_the_text_and_reasoning_seen_not_call_fragments(
+    rt,
+) -> None:
+    streaming = trio.Event()
+
+    async def stream(request: object) -> AsyncIterator[object]:
+        yield ReasoningDelta("thinking ")
+        yield TextDelta("one ")
+        yield ToolCallDelta(0, id="c1", name="add", arguments='{"a": ')
+        yield TextDelta("two ")
+        streaming.set()
+        await trio.sleep_forever()
+        yield Finish("stop")
+
+    rt.llm.register("scripted", FunctionModel(stream))
+    agent = await new_agent(rt)
+    agent.followup("go")
+    await streaming.wait()
+    assert agent.cancel() is True
+    await agent.wait_idle()
+    chunks = of_type(agent, "assistant/chunk")
+    seen = tuple(e.seq for e in chunks if e.data["kind"] != "tool_call")
+    assert len(seen) == 3 and len(chunks) == 4
+    anchor = of_type(agent, "assistant/message")[0].data
+    assert anchor["interrupted"] is True and anchor["source_event_seqs"] == seen
+    assert (anchor["content"], anchor["reasoning"]) == ("one two ", "thinking ")
+    assert anchor["tool_calls"] == ()
 
 
 async def test_cancelled_prefix_reaches_the_next_request(rt) -> None:
