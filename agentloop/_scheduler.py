@@ -203,7 +203,9 @@ class _Run:
     def _check(self, slot: _Slot) -> bool:
         """Look the tool up and validate the arguments; False (with a result) when it fails."""
         call, agent_id = slot.call, self.agent_id
-        tool = self.rt.tools.lookup(call.name, agent_id)
+        tool = slot.tool
+        if tool is None:
+            tool = self.rt.tools.lookup(call.name, agent_id)
         if tool is None:
             names = ", ".join(t.name for t in self.rt.tools.visible(agent_id)) or "none"
             slot.result = ToolResult.error(
@@ -510,7 +512,10 @@ class _Run:
         self.approvals.waiter = self
         try:
             try:
-                await self._dispatch_all(nursery)
+                if self._plain():
+                    await self._run_plain(nursery)
+                else:
+                    await self._dispatch_all(nursery)
             except Exception as exc:  # noqa: BLE001 - reported after the drain
                 # An internal failure stops new dispatches; started calls finish.
                 failure = exc
@@ -532,6 +537,71 @@ class _Run:
         if failure is not None:
             self._abort_rest()
             raise failure
+
+    def _plain(self) -> bool:
+        """Whether this step's calls can take the plain way: a fresh step whose calls all
+        run in parallel within the bound, with nobody to ask (no approval, pre- or
+        post-execute hook, result listener or guard). Their tools are looked up once: the
+        slots keep them only when the step goes the plain way."""
+        rt, slots = self.rt, self.slots
+        bus = rt.bus
+        if (
+            self.parked or bus.has_handlers(ToolPreExecute) or bus.has_handlers(ToolPostExecute)
+            or bus.has_listeners(ToolResultEvent) or rt.tools.has_guards()
+        ):
+            return False
+        if len(slots) > 1:
+            self.bound = rt.settings.get(MAX_PARALLEL_TOOL_CALLS)
+            if len(slots) > self.bound:
+                return False
+        lookup, agent_id = rt.tools.lookup, self.agent_id
+        tools = []
+        for slot in slots:
+            if slot.logged or slot.result is not None:
+                return False
+            tool = lookup(slot.call.name, agent_id)
+            if tool is not None and (
+                tool.requires_approval or tool.classify is not None
+                or tool.concurrency != "parallel"
+            ):
+                return False
+            tools.append(tool)
+        for slot, tool in zip(slots, tools, strict=True):
+            slot.tool = tool
+        return True
+
+    async def _run_plain(self, nursery: trio.Nursery) -> None:
+        """The plain step: what :meth:`_dispatch_all` does for such calls, in one pass.
+
+        Every call is logged and checked, then (after the write-ahead flush, if one is
+        due) every valid one starts; the results are logged in model order, each as soon as
+        it and those before it are done.
+        """
+        slots = self.slots
+        flush = False
+        for slot in slots:
+            self._log_call(slot)
+            if self._check(slot):
+                self._ready_kwargs(slot)
+                tool = slot.tool
+                assert tool is not None
+                flush = flush or not tool.idempotent
+        if flush and not self.stored:
+            # Write-ahead, as in _dispatch: the anchor (and the calls) before any body.
+            await self.runner.flush(self.session.last_seq)
+            self.stored = True
+        for slot in slots:
+            if slot.kwargs is not None:
+                self._start(nursery, slot)
+        for slot in slots:
+            while slot.started and not slot.finished:
+                if self.changed.is_set():
+                    self.changed = trio.Event()
+                await self.changed.wait()
+            result = slot.result
+            assert result is not None
+            self._append_result(slot, result)
+            self.next_emit += 1
 
     async def _run_alone(self, nursery: trio.Nursery, slot: _Slot) -> None:
         self._start(nursery, slot)
