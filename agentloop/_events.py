@@ -176,7 +176,7 @@ class Allow:
 
 
 @quick_init
-@attrs.frozen(slots=True)
+@attrs.frozen(slots=True, weakref_slot=False)
 class SessionEventAppended(Event):
     """An event was appended to a session's durable log (delivered in seq order)."""
 

@@ -12,7 +12,7 @@ from ._bus import Disposer, EventBus
 from ._errors import ConfigError, ProviderError
 from ._events import LlmStream
 from ._model import CallConfig, LLMRequest, StreamPart
-from ._util import quick_init
+from ._util import quick_init, stored_maker
 from .llm._base import ModelAdapter, as_adapter, check_retry
 from .llm._retry import RetryPolicy
 
@@ -39,7 +39,7 @@ class Registration:
 
 
 @quick_init
-@attrs.frozen(slots=True)
+@attrs.frozen(slots=True, weakref_slot=False)
 class PreparedCall:
     """A call config with adapter defaults filled, pinned to the exact registration.
 
@@ -120,6 +120,9 @@ class PreparedCall:
         raise failure
 
 
+_prepared = stored_maker(PreparedCall)  # one a step
+
+
 class LLMService:
     """Routes provider names to adapters. The latest registration of a route wins."""
 
@@ -197,7 +200,7 @@ class LLMService:
             failure = ProviderError(str(exc), code="invalid_config")
             failure.__cause__ = exc
         else:
-            return PreparedCall(config, reg, tuple(filled), self)
+            return _prepared(config, reg, tuple(filled), self)
         raise failure
 
 

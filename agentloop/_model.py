@@ -65,7 +65,7 @@ def content_text(content: object) -> str:
 
 
 @quick_init
-@attrs.frozen(slots=True)
+@attrs.frozen(slots=True, weakref_slot=False)
 class ToolCall:
     """A tool call as the model made it.
 
@@ -82,7 +82,7 @@ class ToolCall:
 
 
 @quick_init
-@attrs.frozen(slots=True)
+@attrs.frozen(slots=True, weakref_slot=False)
 class Message:
     """One entry of the derived history sent to the model.
 
@@ -120,7 +120,7 @@ class Message:
 
 
 @quick_init
-@attrs.frozen(slots=True)
+@attrs.frozen(slots=True, weakref_slot=False)
 class SessionEvent:
     """One entry of a session's append-only durable log.
 
@@ -243,7 +243,7 @@ class HistorySnapshot(Sequence[Message]):
 
 
 @quick_init
-@attrs.frozen(slots=True, kw_only=True)
+@attrs.frozen(slots=True, kw_only=True, weakref_slot=False)
 class LLMRequest:
     """One model call, as handed to an adapter.
 
@@ -363,7 +363,7 @@ StreamPart: TypeAlias = "TextDelta | ReasoningDelta | ToolCallDelta | Finish"
 
 
 @quick_init
-@attrs.frozen(slots=True)
+@attrs.frozen(slots=True, weakref_slot=False)
 class ToolResult:
     """The outcome of one tool call: what the model reads back."""
 

@@ -28,19 +28,25 @@ from ._llm import CLOSE_SECONDS
 from ._model import Finish, ReasoningDelta, StreamPart, TextDelta, ToolCall, ToolCallDelta
 from ._output import Verdict
 from ._session import Session
-from ._util import quick_init
+from ._util import quick_init, stored_maker
 
 __all__ = ["StepOutcome", "fold_stream"]
 
 
 
 @quick_init
-@attrs.frozen(slots=True)
+@attrs.frozen(slots=True, weakref_slot=False)
 class StepOutcome:
     finish_reason: str
     text: str
     tool_calls: tuple[ToolCall, ...]
     verdict: Verdict | None = None
+
+
+# Made once or more a step: StepOutcome(finish_reason, text, tool_calls, verdict), and
+# ToolCall(id, name, arguments).
+_outcome = stored_maker(StepOutcome)
+_call = stored_maker(ToolCall)
 
 
 def _same_call(index: int, acc: _CallParts, call_id: str | None, name: str | None) -> None:
@@ -86,7 +92,7 @@ class _CallParts:
                         frozen = freeze_repaired(parsed)[0]
                         assert isinstance(frozen, FrozenDict)
                         arguments = frozen
-        return ToolCall(self.id or f"call_{uuid.uuid4().hex[:24]}", self.name or "", arguments)
+        return _call(self.id or f"call_{uuid.uuid4().hex[:24]}", self.name or "", arguments)
 
 
 @attrs.define(slots=True, eq=False)
@@ -311,7 +317,7 @@ class _Fold:
             ),
             self.turn,
         )
-        return StepOutcome(reason, content, tool_calls, verdict)
+        return _outcome(reason, content, tool_calls, verdict)
 
 
 async def fold_stream(

@@ -23,6 +23,7 @@ from ._model import CallConfig, LLMRequest, Message, ToolSpec
 from ._output import OutputSpec, refuses_schema
 from ._output import check as check_output
 from ._reply import StepOutcome, fold_stream
+from ._util import stored_maker
 
 if TYPE_CHECKING:
     from ._llm import PreparedCall
@@ -30,6 +31,10 @@ if TYPE_CHECKING:
     from ._session import Session
 
 __all__ = ["Requests"]
+
+# LLMRequest(system, messages, tools, config, session_id, turn, step, output_schema,
+# output_name): one a step.
+_request_of = stored_maker(LLMRequest)
 
 Route = tuple[str | None, str | None]
 
@@ -249,16 +254,16 @@ class Requests:
         assert self._sent is not None
         self._sent[route] = messages
         native = spec is not None and prepared.native_output
-        request = LLMRequest(
-            system=system,
-            messages=messages,
-            tools=planned.specs if spec is None or native else (*planned.specs, spec.tool()),
-            config=effective,
-            session_id=self._agent_id,
-            turn=turn,
-            step=step,
-            output_schema=spec.schema if spec is not None and native else None,
-            output_name=spec.name if spec is not None else "output",
+        request = _request_of(
+            system,
+            messages,
+            planned.specs if spec is None or native else (*planned.specs, spec.tool()),
+            effective,
+            self._agent_id,  # session_id
+            turn,
+            step,
+            spec.schema if spec is not None and native else None,  # output_schema
+            spec.name if spec is not None else "output",  # output_name
         )
         stream, guard = await prepared.serve(request, agent_id=self._agent_id)
         judge = None if spec is None else functools.partial(check_output, spec, native)

@@ -40,6 +40,7 @@ from ._schema import parse_arguments
 from ._session import Session
 from ._settings import APPROVAL_TIMEOUT, MAX_PARALLEL_TOOL_CALLS
 from ._tools import Tool
+from ._util import stored_maker
 
 if TYPE_CHECKING:
     from ._services import Services
@@ -710,6 +711,9 @@ def close_unanswered(session: Session, turn: int, *, keep_awaiting: bool = False
         )
 
 
+# ToolResult(content, is_error, error_code), for the result of every call that returns.
+_result = stored_maker(ToolResult)
+
 # One encoder for every result: ``json.dumps`` with options builds a new one per call.
 _ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
@@ -720,9 +724,9 @@ def _to_result(value: object) -> ToolResult:
     if value is None:
         return ToolResult("")
     if isinstance(value, str):
-        return ToolResult(value)
+        return _result(value, False, None)
     if type(value) is int and value.bit_length() < 64:
-        return ToolResult(str(value))  # what the encoder writes, without the walk
+        return _result(str(value), False, None)  # what the encoder writes, without the walk
     try:
         text = _ENCODE(freeze_repaired(value)[0])
     except (InvalidContent, ValueError) as exc:

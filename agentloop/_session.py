@@ -33,6 +33,7 @@ from ._model import (
     new_message_id,
 )
 from ._prices import add_cost
+from ._util import stored_maker
 
 _ROLES: Final = ("user", "assistant", "tool")
 
@@ -153,6 +154,13 @@ class HistoryView(HistorySnapshot):
 
 Reducer = Callable[[list[Message], SessionEvent], None]
 _CHUNK: Final = _log.ASSISTANT_CHUNK
+# Every append makes one: SessionEvent(seq, type, turn, data), at a third of the cost.
+_event = stored_maker(SessionEvent)
+# And most add a message to the history: Message(role, content, tool_calls, tool_call_id,
+# name, is_error, interrupted, reasoning, reasoning_signature, reasoning_blocks).
+_message_of = stored_maker(Message)
+_call = stored_maker(ToolCall)
+_appended = stored_maker(SessionEventAppended)
 
 
 def _user(history: list[Message], event: SessionEvent) -> None:
@@ -160,12 +168,14 @@ def _user(history: list[Message], event: SessionEvent) -> None:
     content = data["content"]
     if not isinstance(content, (str, tuple)):
         raise TypeError(f"content must be text or a list of parts, got {content!r}")
-    history.append(Message("user", content))
+    history.append(_message_of("user", content, (), None, None, False, False, None, None, ()))
 
 
 def tool_calls_of(data: FrozenDict) -> tuple[ToolCall, ...]:
     calls = cast("_log.AssistantMessageData", data).get("tool_calls", ())
-    return tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in calls)
+    if not calls:
+        return ()
+    return tuple(_call(c["id"], c["name"], c["arguments"]) for c in calls)
 
 
 def _assistant(history: list[Message], event: SessionEvent) -> None:
@@ -177,14 +187,9 @@ def _assistant(history: list[Message], event: SessionEvent) -> None:
     if not content and not tool_calls and not reasoning and not blocks:
         return  # empty assistant content stays out of history
     history.append(
-        Message(
-            "assistant",
-            content,
-            tool_calls=tool_calls,
-            interrupted=bool(data.get("interrupted")),
-            reasoning=reasoning,
-            reasoning_signature=data.get("reasoning_signature"),
-            reasoning_blocks=blocks,
+        _message_of(
+            "assistant", content, tool_calls, None, None, False, bool(data.get("interrupted")),
+            reasoning, data.get("reasoning_signature"), blocks,
         )
     )
 
@@ -192,12 +197,9 @@ def _assistant(history: list[Message], event: SessionEvent) -> None:
 def _tool_result(history: list[Message], event: SessionEvent) -> None:
     data = cast("_log.ToolResultData", event.data)
     history.append(
-        Message(
-            "tool",
-            cast("Content", data["content"]),
-            tool_call_id=data["call_id"],
-            name=data.get("name"),
-            is_error=bool(data.get("is_error")),
+        _message_of(
+            "tool", cast("Content", data["content"]), (), data["call_id"], data.get("name"),
+            bool(data.get("is_error")), False, None, None, (),
         )
     )
 
@@ -561,14 +563,14 @@ class Session:
     def append(self, type_: str, data: FrozenDict, turn: int | None) -> SessionEvent:
         """Append one event whose ``data`` is already frozen JSON; returns it."""
         log = self._log
-        event = SessionEvent(len(log) + 1, type_, turn, data)
+        event = _event(len(log) + 1, type_, turn, data)
         log.append(event)
         if type_ != "assistant/chunk":
             # A chunk changes neither the history nor the calls: most appends stop here.
             self._reduce(event)
         bus = self._bus
         if bus.has_listeners(SessionEventAppended):
-            bus.emit_nowait(SessionEventAppended(self.id, event))
+            bus.emit_nowait(_appended(self.id, event))
         wake = self._wake
         if wake is not None:
             wake()
@@ -579,11 +581,11 @@ class Session:
         nor the calls) and return its seq: :meth:`append` for the per-chunk path."""
         log = self._log
         seq = len(log) + 1
-        event = SessionEvent(seq, _CHUNK, turn, data)
+        event = _event(seq, _CHUNK, turn, data)
         log.append(event)
         bus = self._bus
         if bus.has_listeners(SessionEventAppended):
-            bus.emit_nowait(SessionEventAppended(self.id, event))
+            bus.emit_nowait(_appended(self.id, event))
         wake = self._wake
         if wake is not None:
             wake()

@@ -8,8 +8,8 @@ from typing import Any
 import attrs
 import pytest
 
-from agentloop import _llm, _model, _reply
-from agentloop._util import quick_init
+from agentloop import _llm, _model, _reply, _request, _scheduler, _session
+from agentloop._util import quick_init, stored_maker
 from agentloop.events import SessionEventAppended
 
 QUICK = [
@@ -77,3 +77,46 @@ def test_a_class_quick_init_cannot_serve_is_refused() -> None:
     for cls in (Checked, Hooked):
         with pytest.raises(TypeError, match=f"quick_init: {cls.__qualname__}"):
             quick_init(cls)
+
+
+# The makers the hot paths use, with the class each makes.
+MAKERS = [
+    (_session._event, _model.SessionEvent),
+    (_session._message_of, _model.Message),
+    (_session._call, _model.ToolCall),
+    (_session._appended, SessionEventAppended),
+    (_reply._call, _model.ToolCall),
+    (_reply._outcome, _reply.StepOutcome),
+    (_llm._prepared, _llm.PreparedCall),
+    (_request._request_of, _model.LLMRequest),
+    (_scheduler._result, _model.ToolResult),
+]
+
+
+@pytest.mark.parametrize(("maker", "cls"), MAKERS, ids=lambda m: getattr(m, "__name__", ""))
+def test_a_stored_maker_makes_what_the_constructor_makes(maker: Any, cls: type) -> None:
+    fields = attrs.fields(cls)
+    values = [f"value {i}" for i in range(len(fields))]
+    made = maker(*values)
+    assert type(made) is cls
+    assert made == cls(**{f.alias: v for f, v in zip(fields, values, strict=True)})
+    assert [getattr(made, f.name) for f in fields] == values
+    assert repr(made).startswith(f"{cls.__name__}(")
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        setattr(made, fields[0].name, "changed")
+    assert attrs.evolve(made, **{fields[0].alias: "changed"}) != made
+
+
+def test_a_class_stored_maker_cannot_serve_is_refused() -> None:
+    @attrs.frozen(slots=True)
+    class Weak:
+        n: int
+
+    @attrs.frozen(slots=True, weakref_slot=False)
+    class Converted:
+        n: int = attrs.field(converter=int)
+
+    with pytest.raises(TypeError, match="Weak has a weakref or dict slot"):
+        stored_maker(Weak)
+    with pytest.raises(TypeError, match=r"Converted\.n needs attrs's __init__"):
+        stored_maker(Converted)
