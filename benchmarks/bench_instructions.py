@@ -1,7 +1,7 @@
 """Instructions per step of the yardstick's W1 turn, counted by valgrind: a figure that does
 not move with the machine's load.
 
-    python benchmarks/bench_instructions.py [--subscribers N] [--pythonpath TREE]
+    python benchmarks/bench_instructions.py [--subscribers N] [--pythonpath TREE] [--caches]
 
 On a shared machine the wall and CPU clocks move by 1.5x between minutes, so two trees a few
 percent apart cannot be told apart by timing them. Counting instructions can: valgrind's
@@ -14,13 +14,15 @@ card's shape (an actor task fed by a channel, a task per tool call): the least t
 itself costs.
 
 Instructions are not time: a step's memory traffic and branches do not count the same, and
-the ratio counted here runs below the timed one (9.2x counted when the yardstick timed 10.6x
-on 2026-12-06: the runtime's larger working set misses the caches more). Use it to
-compare two trees (``--pythonpath`` points at another checkout, first on ``sys.path``), and
-the yardstick for the goal figures. The turn is the yardstick's: ``FunctionModel`` with one
-checkpoint per model call, 10 text chunks and one tool call a step (none on the last), a
-fresh agent per turn; ``--subscribers N`` adds N durable subscribers reading every event.
-Needs ``valgrind`` on ``PATH``; about 3 minutes.
+the ratio counted here runs below the timed one (8.1x counted when the yardstick timed 10.3x
+on 2026-12-06). ``--caches`` shows why: it also counts valgrind's simulated first-level
+cache misses per step, and the runtime's data misses are a larger multiple of the floor's
+than its instructions are. Use it to compare two trees (``--pythonpath`` points at another
+checkout, first on ``sys.path``), and the yardstick for the goal figures. The turn is the
+yardstick's: ``FunctionModel`` with one checkpoint per model call, 10 text chunks and one
+tool call a step (none on the last), a fresh agent per turn; ``--subscribers N`` adds N
+durable subscribers reading every event.
+Needs ``valgrind`` on ``PATH``; about 3 minutes (5 with ``--caches``).
 """
 
 from __future__ import annotations
@@ -179,7 +181,12 @@ async def shape_turns(turns: int) -> None:
                 await idle.wait()
 
 
-def count(what: str, turns: int, subscribers: int, pythonpath: str | None) -> int:
+def count(
+    what: str, turns: int, subscribers: int, pythonpath: str | None, caches: bool = False
+) -> dict[str, int]:
+    """valgrind's totals for a child running ``turns`` turns: ``Ir`` (instructions) and,
+    with ``caches``, the simulated first-level misses (``I1mr`` code, ``D1mr``/``D1mw``
+    data)."""
     env = dict(os.environ, PYTHONHASHSEED="0")
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(
@@ -187,25 +194,33 @@ def count(what: str, turns: int, subscribers: int, pythonpath: str | None) -> in
                         env.get("PYTHONPATH")) if p
         )
     out = subprocess.run(
-        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+         *(["--cache-sim=yes"] if caches else []), sys.executable,
          __file__, "--child", what, str(turns), str(subscribers)],
         env=env, capture_output=True, text=True, check=False,
     )
-    found = re.search(r"Collected\s*:\s*([\d,]+)", out.stderr)
-    if out.returncode != 0 or found is None:
+    events = re.search(r"Events\s*:\s*(.+)", out.stderr)
+    found = re.search(r"Collected\s*:\s*(.+)", out.stderr)
+    if out.returncode != 0 or events is None or found is None:
         raise SystemExit(f"the {what} run under valgrind failed:\n{out.stderr[-2000:]}")
-    return int(found[1].replace(",", ""))
+    values = [int(v.replace(",", "")) for v in found[1].split()]
+    return dict(zip(events[1].split(), values, strict=True))
 
 
-def per_step(what: str, subscribers: int, pythonpath: str | None) -> float:
-    return (count(what, 6, subscribers, pythonpath) - count(what, 2, subscribers, pythonpath)) \
-        / (4 * STEPS)
+def per_step(
+    what: str, subscribers: int, pythonpath: str | None, caches: bool = False
+) -> dict[str, float]:
+    many = count(what, 6, subscribers, pythonpath, caches)
+    few = count(what, 2, subscribers, pythonpath, caches)
+    return {name: (many[name] - few[name]) / (4 * STEPS) for name in many}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--subscribers", type=int, default=0)
     parser.add_argument("--pythonpath", help="a checkout to measure instead of the installed one")
+    parser.add_argument("--caches", action="store_true",
+                        help="also count first-level cache misses (simulated; slower)")
     parser.add_argument("--quick", action="store_true",
                         help="run each loop for one turn, uncounted (checks that they run)")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
@@ -232,17 +247,27 @@ def main() -> None:
         return
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not on PATH: this benchmark counts instructions with it")
-    floor = per_step("floor", 0, None)
-    shape = per_step("shape", 0, None)
-    ours = per_step("agentloop", 0, args.pythonpath)
-    print(f"floor (bare trio)      {floor:>12,.0f} instructions per step")
-    print(f"floor in the shape     {shape:>12,.0f} instructions per step ({shape / floor:.2f}x)")
-    print(f"agentloop              {ours:>12,.0f} instructions per step ({ours / floor:.2f}x)")
+    caches = args.caches
+    floor = per_step("floor", 0, None, caches)
+    shape = per_step("shape", 0, None, caches)
+    ours = per_step("agentloop", 0, args.pythonpath, caches)
+    rows = [("floor (bare trio)", floor, "")]
+    rows.append(("floor in the shape", shape, f" ({shape['Ir'] / floor['Ir']:.2f}x)"))
+    rows.append(("agentloop", ours, f" ({ours['Ir'] / floor['Ir']:.2f}x)"))
     if args.subscribers:
-        subs = per_step("agentloop", args.subscribers, args.pythonpath)
-        print(f"agentloop + {args.subscribers} subscriber{'s' if args.subscribers > 1 else ' '} "
-              f"{subs:>12,.0f} instructions per step ({subs / ours:.2f}x agentloop)")
-
+        subs = per_step("agentloop", args.subscribers, args.pythonpath, caches)
+        plural = "s" if args.subscribers > 1 else ""
+        rows.append((
+            f"agentloop + {args.subscribers} subscriber{plural}", subs,
+            f" ({subs['Ir'] / ours['Ir']:.2f}x agentloop)",
+        ))
+    for name, step, ratio in rows:
+        print(f"{name:<26} {step['Ir']:>10,.0f} instructions per step{ratio}")
+    if caches:
+        print("first-level cache misses per step (valgrind's simulation):")
+        for name, step, _ in rows:
+            data = step["D1mr"] + step["D1mw"]
+            print(f"{name:<26} {step['I1mr']:>10,.0f} code {data:>10,.0f} data")
 
 if __name__ == "__main__":
     main()
