@@ -316,12 +316,35 @@ def _record(ctx: Context, example: _Example) -> list[Any]:
 
     ctx.events.on(AgentCreated, created)
     ctx.events.on(AgentDisposedEvent, disposed)
+    used = _points_used(example.ops)
     for point, hook in _POINT_EVENTS:
+        if point not in used:
+            # A handler at every point would keep every race off the paths the runtime takes
+            # when nobody hooks in (a step's plain tool pass, a request without rewrite):
+            # the paths an application without hooks runs.
+            continue
         handler: Callable[[Event], object] = (
             _at(probe, point) if hook.kind == "hook" else _reach(probe, point)
         )
         ctx.events.on(hook, handler)
     return events
+
+
+def _points_used(ops: Iterable[object]) -> set[str]:
+    """The points the operations fire at or hold (``When``, ``Hold``, also inside ``When``
+    and ``Together``)."""
+    used: set[str] = set()
+    pending = list(ops)
+    while pending:
+        op = pending.pop()
+        point = getattr(op, "point", None)
+        if isinstance(point, str):
+            used.add(point)
+        inner = getattr(op, "op", None)
+        if inner is not None:
+            pending.append(inner)
+        pending.extend(getattr(op, "ops", None) or ())
+    return used
 
 
 def _reach(probe: Probe, point: str) -> Callable[[Event], None]:

@@ -12,12 +12,11 @@ import contextvars
 import json
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
 
-from .._events import Ask, ToolPreExecute
 from .._model import (
     AgentOptions,
     Finish,
@@ -254,15 +253,13 @@ def _delegate(ctx: Context) -> Callable[..., Awaitable[str]]:
     return run
 
 
-def _ask_for_guarded(event: ToolPreExecute) -> Any:
-    return Ask("run guarded?") if event.call.name == "guarded" else None
-
-
 def register_race_tools(ctx: Context) -> None:
     """The kit's tools: ``fast`` and ``slow`` (parallel, 1 s and 5 s; ``slow``, cancelled,
     cleans up for 45 s, past the disposal grace), ``excl`` (exclusive, 2 s), ``guarded``
-    (1 s, parked for approval by a ``tools/pre-execute`` hook) and ``delegate`` (runs a
-    sub-agent's turn on provider ``"race-child"``, which stalls 1 s)."""
+    (1 s, ``requires_approval``: parked with the prompt ``"run guarded?"``) and ``delegate``
+    (runs a sub-agent's turn on provider ``"race-child"``, which stalls 1 s). No hook is
+    registered, so a step without ``guarded`` or ``excl`` takes the scheduler's plain pass,
+    as it does in an application with no tool hooks."""
     no_arguments = {"type": "object", "properties": {}, "additionalProperties": False}
     tools: list[tuple[str, str, Callable[..., Awaitable[str]], str]] = [
         ("fast", "Answers after 1 s.", _sleeper("fast", 1), "parallel"),
@@ -275,7 +272,7 @@ def register_race_tools(ctx: Context) -> None:
         ctx.tools.register(Tool(
             name=name, description=description, parameters=no_arguments, run=run,
             concurrency=concurrency,  # type: ignore[arg-type]
+            requires_approval=name == "guarded",
         ))
-    ctx.events.on(ToolPreExecute, _ask_for_guarded)
     if ctx.llm.adapter(CHILD_PROVIDER) is None:
         ctx.llm.register(CHILD_PROVIDER, RaceModel((Stall(1.0, "child answer"),)))
