@@ -219,7 +219,7 @@ class _Fold:
         if repaired:
             delta = repair_text(delta)
         chunk = _log.text_chunk(self.step, "reasoning", delta, repaired=repaired)
-        self.seqs.append(self.session.append_chunk(chunk, self.turn))
+        self.seqs.append(self.session.append(_log.ASSISTANT_CHUNK, chunk, self.turn).seq)
         block.texts.append(delta)
 
     def note_call(self, part: ToolCallDelta) -> None:
@@ -241,7 +241,7 @@ class _Fold:
         chunk = _log.tool_call_chunk(
             self.step, part.index, call_id, name, fragment, repaired=repaired
         )
-        seq = self.session.append_chunk(chunk, self.turn)
+        seq = self.session.append(_log.ASSISTANT_CHUNK, chunk, self.turn).seq
         self.seqs.append(seq)
         self.calls_at.append(seq)
 
@@ -337,7 +337,7 @@ async def fold_stream(
     """
     fold = _Fold(session, turn, step, stream)
     # The per-chunk path reads locals only: the fold's lists, bound once.
-    append_chunk, text_chunk = session.append_chunk, _log.text_chunk
+    append, text_chunk, chunk_type = session.append, _log.text_chunk, _log.ASSISTANT_CHUNK
     text_data = _log.text_chunks(step, "text")
     text, seqs = fold.text, fold.seqs
     finish: Finish | None = None
@@ -363,13 +363,13 @@ async def fold_stream(
                     if not delta:
                         continue
                     if delta.isascii() or text_problem(delta) is None:
-                        seqs.append(append_chunk(text_data(delta=delta), turn))
+                        seqs.append(append(chunk_type, text_data(delta=delta), turn).seq)
                     else:
                         # A provider's lone surrogate (a JSON "\ud83d" escape) could never be
                         # stored or sent again: repaired, and the repair noted.
                         delta = repair_text(delta)
                         chunk = text_chunk(step, "text", delta, repaired=True)
-                        seqs.append(append_chunk(chunk, turn))
+                        seqs.append(append(chunk_type, chunk, turn).seq)
                     text.append(delta)
                 elif cls is ReasoningDelta:
                     fold.reasoning(part)

@@ -153,7 +153,6 @@ class HistoryView(HistorySnapshot):
 
 
 Reducer = Callable[[list[Message], SessionEvent], None]
-_CHUNK: Final = _log.ASSISTANT_CHUNK
 # Every append makes one: SessionEvent(seq, type, turn, data), at a third of the cost.
 _event = stored_maker(SessionEvent)
 # And most add a message to the history: Message(role, content, tool_calls, tool_call_id,
@@ -575,21 +574,6 @@ class Session:
         if wake is not None:
             wake()
         return event
-
-    def append_chunk(self, data: FrozenDict, turn: int | None) -> int:
-        """Append an ``assistant/chunk`` (frozen ``data``, which changes neither the history
-        nor the calls) and return its seq: :meth:`append` for the per-chunk path."""
-        log = self._log
-        seq = len(log) + 1
-        event = _event(seq, _CHUNK, turn, data)
-        log.append(event)
-        bus = self._bus
-        if bus.has_listeners(SessionEventAppended):
-            bus.emit_nowait(_appended(self.id, event))
-        wake = self._wake
-        if wake is not None:
-            wake()
-        return seq
 
     def load(self, events: Sequence[SessionEvent]) -> None:
         """Rebuild from a stored log (same seqs), without re-announcing the events.

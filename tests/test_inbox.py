@@ -194,16 +194,13 @@ async def test_cancel_mid_stream_keeps_what_the_user_saw(rt) -> None:
     assert gate.calls == 1  # a cancel never leaks onto a later prompt
 
 
-async def test_an_interrupted_anchor_cites_the_text_and_reasoning_seen_not_call_fragments(
-    rt,
-) -> None:
+async def cancelled_mid_stream(rt: agentloop.Context, *parts: object) -> agentloop.Agent:
+    """An agent whose reply streams ``parts`` and then stalls, cancelled there."""
     streaming = trio.Event()
 
     async def stream(request: object) -> AsyncIterator[object]:
-        yield ReasoningDelta("thinking ")
-        yield TextDelta("one ")
-        yield ToolCallDelta(0, id="c1", name="add", arguments='{"a": ')
-        yield TextDelta("two ")
+        for part in parts:
+            yield part
         streaming.set()
         await trio.sleep_forever()
         yield Finish("stop")
@@ -214,6 +211,16 @@ async def test_an_interrupted_anchor_cites_the_text_and_reasoning_seen_not_call_
     await streaming.wait()
     assert agent.cancel() is True
     await agent.wait_idle()
+    return agent
+
+
+async def test_an_interrupted_anchor_cites_the_text_and_reasoning_seen_not_call_fragments(
+    rt,
+) -> None:
+    agent = await cancelled_mid_stream(
+        rt, ReasoningDelta("thinking "), TextDelta("one "),
+        ToolCallDelta(0, id="c1", name="add", arguments='{"a": '), TextDelta("two "),
+    )
     chunks = of_type(agent, "assistant/chunk")
     seen = tuple(e.seq for e in chunks if e.data["kind"] != "tool_call")
     assert len(seen) == 3 and len(chunks) == 4
@@ -242,21 +249,7 @@ async def test_cancelled_prefix_reaches_the_next_request(rt) -> None:
 
 
 async def test_tool_only_partial_stream_appends_no_anchor(rt) -> None:
-    release = trio.Event()
-    streaming = trio.Event()
-
-    async def fn(request: object) -> AsyncIterator[object]:
-        yield agentloop.testing.ToolCallDelta(0, id="c", name="x", arguments="{")
-        streaming.set()
-        await release.wait()
-        yield Finish("tool_calls")
-
-    rt.llm.register("scripted", FunctionModel(fn))
-    agent = await new_agent(rt)
-    agent.followup("go")
-    await streaming.wait()
-    agent.cancel()
-    await agent.wait_idle()
+    agent = await cancelled_mid_stream(rt, ToolCallDelta(0, id="c", name="x", arguments="{"))
     assert of_type(agent, "assistant/message") == []
     assert of_type(agent, "tool/call") == []
     check_history_valid(agent.session.messages())
