@@ -576,7 +576,8 @@ class _Run:
 
         Every call is logged and checked, then (after the write-ahead flush, if one is
         due) every valid one starts; the results are logged in model order, each as soon as
-        it and those before it are done.
+        it and those before it are done: a call refused by its check before any call ran is
+        answered at once, after its own ``tool/call``, as the general dispatcher does.
         """
         slots = self.slots
         flush = False
@@ -587,6 +588,11 @@ class _Run:
                 tool = slot.tool
                 assert tool is not None
                 flush = flush or not tool.idempotent
+            elif slots[self.next_emit] is slot:
+                result = slot.result
+                assert result is not None
+                self._append_result(slot, result)
+                self.next_emit += 1
         if flush and not self.stored:
             # Write-ahead, as in _dispatch: the anchor (and the calls) before any body.
             await self.runner.flush(self.session.last_seq)
@@ -594,7 +600,7 @@ class _Run:
         for slot in slots:
             if slot.kwargs is not None:
                 self._start(nursery, slot)
-        for slot in slots:
+        for slot in slots[self.next_emit:]:
             while slot.started and not slot.finished:
                 if self.changed.is_set():
                     self.changed = trio.Event()

@@ -798,3 +798,58 @@ async def test_a_call_that_waited_for_a_slot_is_reclassified_before_it_starts(
     await handle.agent.wait_idle()
     # call 3 became exclusive while it waited, so it ran alone
     assert overlaps == [1, 2, 1]
+
+
+# --- the plain pass ------------------------------------------------------------------------
+
+
+def tool_events(agent: agentloop.Agent) -> list[tuple[str, str]]:
+    return [
+        (e.type, e.data["call_id"]) for e in agent.session.events
+        if e.type in ("tool/call", "tool/result")
+    ]
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        [("nap", {"i": 1, "d": 3}), ("nap", {"i": 2, "d": 1}), ("nap", {"i": 3, "d": 2})],
+        [("nap", {"i": "x"}), ("nap", {"i": 2, "d": 1}), ("nap", {"i": "y", "d": 1})],
+        [("nap", {"i": 1, "d": 2}), ("nap", {"i": "x"}), ("missing", {})],
+        [("nap", {"i": "x"}), ("missing", {}), ("nap", {"i": 3, "d": 0})],
+    ],
+    ids=["reverse-finish", "refused-first", "refused-later", "refused-then-quick"],
+)
+async def test_the_plain_pass_logs_what_the_general_dispatcher_logs(
+    autojump_clock: trio.testing.MockClock, script: list[tuple[str, dict[str, Any]]]
+) -> None:
+    """Tools with nobody to ask take the plain pass; a pre-execute hook that decides nothing
+    sends the same calls through the general dispatcher. The logs must not differ."""
+    logs = []
+    for general in (False, True):
+        async with agentloop.open_runtime() as ctx:
+            m = ScriptedModel()
+            ctx.llm.register("scripted", m)
+
+            @ctx.tools.tool(concurrency="parallel")
+            async def nap(i: int, d: float) -> str:
+                """Sleep a while.
+
+                Args:
+                    i: the call number.
+                    d: seconds to sleep.
+                """
+                await trio.sleep(d)
+                return f"done {i}"
+
+            if general:
+                ctx.events.on(ev.ToolPreExecute, lambda e: None)
+            tool_calls = [(name, args, f"c{n}") for n, (name, args) in enumerate(script, 1)]
+            m.add(reply("", tool_calls=tool_calls), reply("ok"))
+            agent, _ = await run_turn(ctx)
+            check_log_invariants(agent.session.events)
+            check_history_valid(agent.session.messages())
+            logs.append((tool_events(agent), agent.session.messages(), turn_ends(agent)))
+    plain, general_log = logs
+    assert plain == general_log
+    assert plain[2] == ["completed"]
