@@ -153,7 +153,7 @@ class HistoryView(HistorySnapshot):
 
 
 Reducer = Callable[[list[Message], SessionEvent], None]
-# Every append makes one: SessionEvent(seq, type, turn, data), at a third of the cost.
+# Every append makes one: SessionEvent(seq, type, turn, data).
 _event = stored_maker(SessionEvent)
 # And most add a message to the history: Message(role, content, tool_calls, tool_call_id,
 # name, is_error, interrupted, reasoning, reasoning_signature, reasoning_blocks).

@@ -136,8 +136,11 @@ def stored_maker(cls: type[T]) -> Callable[..., T]:
     A frozen instance can only be filled through its slots' descriptors, a wrapped call
     per field (about a thousand instructions each). The maker fills an instance of a twin
     class with the same slots by plain stores and then makes it a ``cls``: the same object
-    ``cls(...)`` builds, equal to it and as frozen, at about a third of the cost for four
-    fields. Checked once here, so a class it cannot serve fails at import.
+    ``cls(...)`` builds, equal to it and as frozen. The class switch costs about as much as
+    one descriptor call, so the gain grows with the fields: against :func:`quick_init`'s
+    ``__init__``, 3,000 instructions instead of 3,500 for two fields, 3,400 instead of
+    5,000 for four, 3,700 instead of 9,100 for ten. Checked once here, so a class it cannot
+    serve fails at import.
     """
     fields = attrs.fields(cast("Any", cls))
     for f in fields:
