@@ -135,3 +135,27 @@ def test_a_spawn_refused_by_a_parent_closed_in_the_same_tick_is_not_a_failure(
     armed = [close, spawn] if first == "close" else [spawn, close]
     run_race([*armed, als.Followup(0), als.Advance(6.0)],
              script=[als.CallTools(("delegate",))])
+
+
+@pytest.mark.parametrize(
+    ("ops", "hooked"),
+    [
+        ([als.Followup(0)], False),
+        ([als.When("pre-execute", als.Cancel(0)), als.Followup(0)], True),
+        ([als.Together((als.When("pre-execute", als.Cancel(0)),)), als.Followup(0)], True),
+    ],
+    ids=["no-point-named", "when", "when-in-together"],
+)
+def test_the_kit_hooks_in_only_where_the_operations_name_a_point(
+    ops: list[Any], hooked: bool
+) -> None:
+    """A race whose operations name no extension point leaves them free, so its steps take
+    the paths an application without hooks runs (the scheduler's plain pass)."""
+    seen: list[bool] = []
+
+    def check(race: Race) -> None:
+        # The kit's pre-execute handler counts the calls it sees on the race's probe.
+        seen.append(race.probe.reached.get("pre-execute", 0) > 0)
+
+    run_race(ops, script=[als.CallTools(("fast",)), als.Say("done")], check=check)
+    assert seen == [hooked]
