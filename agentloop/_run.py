@@ -197,7 +197,7 @@ class _Dispatch:
         if found is None:
             watching: set[Run] = set()
             found = self.readers[session.id] = (
-                watching, functools.partial(_wake_readers, session, watching)
+                watching, functools.partial(_wake_readers, watching)
             )
         found[0].add(run)
         return found[1]
@@ -219,8 +219,7 @@ class _Dispatch:
             watching.discard(run)
             if not watching:
                 del self.readers[session.id]
-                if session._wake is hook:
-                    session._wake = None
+                session.forget_wake(hook)
         self.release()
 
     # --- handlers --------------------------------------------------------------------------
@@ -270,8 +269,8 @@ class _Dispatch:
 
 
 
-def _wake_readers(session: Session, watching: set[Run]) -> None:
-    session._wake = None  # until a reader parks again
+def _wake_readers(watching: set[Run]) -> None:
+    # The session dropped this hook as it called it: until a reader parks again.
     reschedule = trio.lowlevel.reschedule
     for run in watching:
         readers = run._readers
@@ -562,15 +561,13 @@ class _Events:
     than behind a helper or a ParkingLot: each layer would be resumed at every wake.
     """
 
-    __slots__ = ("_abort", "_done", "_i", "_kind", "_log", "_run", "_session", "_task")
+    __slots__ = ("_abort", "_done", "_i", "_kind", "_run", "_session", "_task")
 
     def __init__(self, run: Run, kind: Kind | None = None) -> None:
         self._run = run
         self._kind = kind
-        session = self._session = run._agent.session
-        # The session's own list, not its read-only view: append-only, so an index into it
-        # stays valid, and it is read once per event of the turn.
-        self._log = session._log
+        # Its log is append-only, so an index into it stays valid.
+        self._session = run._agent.session
         self._i = -1  # the turn's first event once a turn claimed the message
         self._done = False
         # The task that parks here and how a cancel unparks it: made at the first park, and
@@ -584,7 +581,7 @@ class _Events:
     async def __anext__(self) -> Any:
         run = self._run
         kind = self._kind
-        log = self._log
+        event_at = self._session.event_at
         parked = False
         while not self._done:
             turn = run._turn
@@ -592,8 +589,7 @@ class _Events:
                 i = self._i
                 if i < 0:
                     i = run._start
-                while i < len(log):
-                    event = log[i]
+                while (event := event_at(i)) is not None:
                     i += 1
                     if event.turn != turn:
                         continue
@@ -623,7 +619,7 @@ class _Events:
                 self._task = task
                 abort = self._abort = functools.partial(_unpark, run, task)
             run._readers.append(task)
-            self._session._wake = hook
+            self._session.wake_at_next_append(hook)
             await trio.lowlevel.wait_task_rescheduled(abort)
             parked = True
         self._done = True

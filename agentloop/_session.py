@@ -325,8 +325,9 @@ class Session:
         self._call_ids: set[str] | None = None  # allocated with the first call
         # Calls parked for approval and not answered yet (rebuilt from the log on load).
         self._awaiting: dict[str, PendingApproval] | None = None
-        # Called after every append while a run handle's reader waits on this session: a
-        # direct call, not a bus event, since a reader is woken about once per chunk.
+        # Called once, at the next append, while a run handle's reader waits on this
+        # session: a direct call, not a bus event, since a reader is woken about once per
+        # chunk (``wake_at_next_append``).
         self._wake: Callable[[], None] | None = None
         self.turns = 0
         """The number of the last turn opened in this session."""
@@ -339,6 +340,22 @@ class Session:
     @property
     def last_seq(self) -> int:
         return len(self._log)
+
+    def event_at(self, index: int) -> SessionEvent | None:
+        """The event at ``index`` (its seq minus one), or None when the log is not that long
+        yet: what a reader that follows the log asks once per event."""
+        log = self._log
+        return log[index] if index < len(log) else None
+
+    def wake_at_next_append(self, hook: Callable[[], None] | None) -> None:
+        """Call ``hook`` once, at the next append (None: call none). One hook at a time:
+        the readers of one session share it."""
+        self._wake = hook
+
+    def forget_wake(self, hook: Callable[[], None]) -> None:
+        """Drop ``hook`` if it is still waiting for an append."""
+        if self._wake is hook:
+            self._wake = None
 
     def open_turn(self) -> int | None:
         """The number of the turn the log leaves open (a crash's, before it is closed or
@@ -572,6 +589,7 @@ class Session:
             bus.emit_nowait(_appended(self.id, event))
         wake = self._wake
         if wake is not None:
+            self._wake = None  # once: a reader that parks again sets it again
             wake()
         return event
 

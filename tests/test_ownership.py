@@ -85,6 +85,58 @@ def test_reaches_into_other_modules_privates_are_few_and_listed() -> None:
     assert sum(ALLOWED.values()) <= 10
 
 
+# The objects the core's modules pass each other, by the names they go by, and the module
+# whose class owns each one's state.
+OWNED_BY: dict[str, str] = {
+    "session": "agentloop/_session.py",
+    "bus": "agentloop/_bus.py",
+    "agent": "agentloop/_agent.py",
+    "runner": "agentloop/_scheduler.py",
+    "inbox": "agentloop/_inbox.py",
+    "approvals": "agentloop/_approvals.py",
+    "services": "agentloop/_services.py",
+    "life": "agentloop/_lifecycle.py",
+}
+
+
+def named_reaches() -> list[tuple[str, int, str]]:
+    """``(file, line, expression)`` of every ``session._x`` (or ``x.session._x``; likewise
+    for the other names of ``OWNED_BY``) outside the owner's module where the owner defines
+    ``_x``. The first measure misses these when the reaching module happens to define a
+    private of the same name for itself (``_log``, ``_wake``)."""
+    defined = {
+        owner: defined_privates(ast.parse((ROOT / owner).read_text()))
+        for owner in set(OWNED_BY.values())
+    }
+    found: list[tuple[str, int, str]] = []
+    for path in SOURCES:
+        name = str(path.relative_to(ROOT))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+                continue
+            value = node.value
+            receiver = (
+                value.id if isinstance(value, ast.Name)
+                else value.attr if isinstance(value, ast.Attribute) else None
+            )
+            owner = OWNED_BY.get(receiver or "")
+            if owner is not None and owner != name and node.attr in defined[owner]:
+                found.append((name, node.lineno, f"{receiver}.{node.attr}"))
+    return found
+
+
+def test_no_module_reaches_into_a_named_owners_state() -> None:
+    assert named_reaches() == []
+
+
+def test_the_named_measure_counts_a_reach_the_first_one_misses() -> None:
+    # _run defines a _log of its own; reading the session's is still a reach.
+    tree = ast.parse("class A:\n    __slots__ = ('_log',)\n    def f(self, s):\n"
+                     "        self._log = s.session._log\n")
+    assert "_log" in defined_privates(tree)
+    assert "_log" in defined_privates(ast.parse((ROOT / OWNED_BY["session"]).read_text()))
+
+
 def test_the_measure_counts_a_reach() -> None:
     tree = ast.parse("class A:\n    def f(self, other):\n        return other._secret\n")
     assert "_secret" not in defined_privates(tree)
