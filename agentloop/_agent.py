@@ -64,6 +64,7 @@ from ._request import Requests
 from ._run import RunControls, take_output
 from ._scheduler import (
     ToolRunner,
+    ToolTasks,
     close_unanswered,
     result_data,
     run_suspended_calls,
@@ -225,7 +226,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             session = self._session
             runner = self._tool_runner = ToolRunner(
                 self._services, session, session.id, Approvals(self._wake_idle_waiters),
-                self._stopping, self._flush,
+                self._stopping, self._flush, ToolTasks(),
             )
         return runner
 

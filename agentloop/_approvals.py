@@ -37,7 +37,7 @@ _NEVER: dict[str, float] = {}  # never written: see Approvals._own_since
 
 
 def expired_answer(timeout: float) -> Answer:
-    return Answer(False, f"no answer to the approval request within {timeout} s")
+    return Answer(False, f"no answer to the approval request within {timeout:g} s")
 
 
 class Approvals:

@@ -18,9 +18,9 @@ import itertools
 import logging
 import math
 import weakref
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, TypeVar, overload
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any, TypeAlias, TypeVar, overload
 
 import attrs
 import trio
@@ -39,6 +39,9 @@ Handler = Callable[[Any], Any]
 Subscribe = AbstractAsyncContextManager[trio.MemoryReceiveChannel[T]]
 """The async context manager :meth:`EventBus.subscribe` returns."""
 Classes = type[Event] | tuple[type[Event], ...]
+# A subscription's bound: a positive int, or math.inf. A union rather than ``float``, which
+# the compiled build would turn an int into (and trio takes an int or inf only).
+Capacity: TypeAlias = "int | float"
 
 
 class Disposer:
@@ -92,7 +95,7 @@ class _Feed:
     def __init__(
         self,
         tx: trio.MemorySendChannel[Event | Lagged],
-        capacity: float,
+        capacity: Capacity,
         agent_id: str | None,
         on_broken: Callable[[], None],
     ) -> None:
@@ -212,6 +215,34 @@ def _drain_per_wake(rx: trio.MemoryReceiveChannel[Any]) -> None:
     namespace["receive"] = receive
 
 
+class _Subscription:
+    """The ``async with`` of :meth:`EventBus.subscribe`: subscribed as the block is entered,
+    detached as it exits. A class rather than a generator: mypyc, which compiles this
+    module in the opt-in build, compiles no async generator."""
+
+    __slots__ = ("_args", "_bus", "_detach")
+
+    def __init__(
+        self, bus: EventBus, classes: tuple[Classes, ...], capacity: Capacity,
+        agent_id: str | None,
+    ) -> None:
+        self._bus = bus
+        self._args = (classes, capacity, agent_id)
+        self._detach: Disposer | None = None
+
+    async def __aenter__(self) -> trio.MemoryReceiveChannel[Any]:
+        classes, capacity, agent_id = self._args
+        rx, self._detach = self._bus.open_subscription(
+            *classes, capacity=capacity, agent_id=agent_id
+        )
+        return rx
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        detach, self._detach = self._detach, None
+        if detach is not None:
+            detach()
+
+
 def _owner(event: Event) -> str | None:
     """The agent an event is about; a session event's session id is its agent's id."""
     owner = getattr(event, "agent_id", None)
@@ -227,6 +258,15 @@ class EventBus:
         # The classes with a handler or a subscriber: one lookup for the hot paths' pre-check.
         self._listened: set[type[Event]] = set()
         self._order = itertools.count()
+        self._companions: dict[object, Any] = {}
+
+    def companion(self, make: Callable[[EventBus], T]) -> T:
+        """The one object ``make(bus)`` built for this bus (on first use): another module's
+        helper that lives as long as the bus does, found in one lookup."""
+        found = self._companions.get(make)
+        if found is None:
+            found = self._companions[make] = make(self)
+        return found
 
     def _relisten(self, cls: type[Event]) -> None:
         if cls in self._handlers or cls in self._subs:
@@ -381,7 +421,7 @@ class EventBus:
         self,
         classes: Classes,
         *more: Classes,
-        capacity: float = 65536,
+        capacity: Capacity = 65536,
         agent_id: str | None = None,
     ) -> tuple[trio.MemoryReceiveChannel[Event | Lagged], Disposer]:
         """A subscription's receive channel, and the disposer that detaches it and ends it.
@@ -426,45 +466,45 @@ class EventBus:
 
     @overload
     def subscribe(
-        self, cls: type[SessionEventAppended], /, *, capacity: float = ...,
+        self, cls: type[SessionEventAppended], /, *, capacity: Capacity = ...,
         agent_id: str | None = ...,
     ) -> Subscribe[SessionEventAppended]: ...
     @overload
     def subscribe(
-        self, cls: type[E1], /, *, capacity: float = ..., agent_id: str | None = ...
+        self, cls: type[E1], /, *, capacity: Capacity = ..., agent_id: str | None = ...
     ) -> Subscribe[E1 | Lagged]: ...
     @overload
     def subscribe(
-        self, c1: type[E1], c2: type[E2], /, *, capacity: float = ...,
+        self, c1: type[E1], c2: type[E2], /, *, capacity: Capacity = ...,
         agent_id: str | None = ...,
     ) -> Subscribe[E1 | E2 | Lagged]: ...
     @overload
     def subscribe(
-        self, c1: type[E1], c2: type[E2], c3: type[E3], /, *, capacity: float = ...,
+        self, c1: type[E1], c2: type[E2], c3: type[E3], /, *, capacity: Capacity = ...,
         agent_id: str | None = ...,
     ) -> Subscribe[E1 | E2 | E3 | Lagged]: ...
     @overload
     def subscribe(
-        self, classes: tuple[type[SessionEventAppended]], /, *, capacity: float = ...,
+        self, classes: tuple[type[SessionEventAppended]], /, *, capacity: Capacity = ...,
         agent_id: str | None = ...,
     ) -> Subscribe[SessionEventAppended]: ...
     @overload
     def subscribe(
-        self, classes: tuple[type[E1]], /, *, capacity: float = ..., agent_id: str | None = ...
+        self, classes: tuple[type[E1]], /, *, capacity: Capacity = ..., agent_id: str | None = ...
     ) -> Subscribe[E1 | Lagged]: ...
     @overload
     def subscribe(
-        self, classes: tuple[type[E1], type[E2]], /, *, capacity: float = ...,
+        self, classes: tuple[type[E1], type[E2]], /, *, capacity: Capacity = ...,
         agent_id: str | None = ...,
     ) -> Subscribe[E1 | E2 | Lagged]: ...
     @overload
     def subscribe(
-        self, classes: tuple[type[E1], type[E2], type[E3]], /, *, capacity: float = ...,
+        self, classes: tuple[type[E1], type[E2], type[E3]], /, *, capacity: Capacity = ...,
         agent_id: str | None = ...,
     ) -> Subscribe[E1 | E2 | E3 | Lagged]: ...
     @overload
     def subscribe(
-        self, classes: Classes, /, *more: Classes, capacity: float = ...,
+        self, classes: Classes, /, *more: Classes, capacity: Capacity = ...,
         agent_id: str | None = ...,
     ) -> Subscribe[Event | Lagged]: ...
     def subscribe(
@@ -472,7 +512,7 @@ class EventBus:
         classes: Classes,
         /,
         *more: Classes,
-        capacity: float = 65536,
+        capacity: Capacity = 65536,
         agent_id: str | None = None,
     ) -> Subscribe[Any]:
         """Yield a ``trio.MemoryReceiveChannel`` of the given event classes until the block exits.
@@ -488,14 +528,4 @@ class EventBus:
         are queued unread, further ones are counted instead, and the reader receives one
         :class:`Lagged` in their place, as soon as it has taken what was queued before them.
         """
-        return self._subscription((classes, *more), capacity, agent_id)
-
-    @asynccontextmanager
-    async def _subscription(
-        self, classes: tuple[Classes, ...], capacity: float, agent_id: str | None
-    ) -> AsyncIterator[trio.MemoryReceiveChannel[Any]]:
-        rx, detach = self.open_subscription(*classes, capacity=capacity, agent_id=agent_id)
-        try:
-            yield rx
-        finally:
-            detach()
+        return _Subscription(self, (classes, *more), capacity, agent_id)

@@ -383,8 +383,12 @@ async def fold_stream(
                         f"the adapter yielded {part!r}, which is not a stream part",
                         code="invalid_stream",
                     )
-        finally:
+        except BaseException:
+            # Not ``finally``: mypyc compiles an ``await`` there so that every later call
+            # raises this exception again (mypyc/mypyc#1114), and this module is compiled.
             await fold.close()  # noqa: ASYNC102 - the close shields and bounds itself
+            raise
+        await fold.close()
     except trio.Cancelled:
         fold.interrupted()
         raise

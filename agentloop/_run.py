@@ -12,7 +12,6 @@ behind still sees the whole turn.
 from __future__ import annotations
 
 import functools
-import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, final
 
@@ -282,16 +281,6 @@ def _wake_readers(watching: set[Run]) -> None:
                 reschedule(task)
 
 
-_dispatchers: weakref.WeakKeyDictionary[EventBus, _Dispatch] = weakref.WeakKeyDictionary()
-
-
-def _dispatch(bus: EventBus) -> _Dispatch:
-    found = _dispatchers.get(bus)
-    if found is None:
-        found = _dispatchers[bus] = _Dispatch(bus)
-    return found
-
-
 @final
 class Run(metaclass=NoPublicConstructor):
     """One follow-up and the turn that claims it (from :meth:`Agent.run <RunControls.run>`).
@@ -328,7 +317,7 @@ class Run(metaclass=NoPublicConstructor):
         self._output_spec = output_spec
         self._content = content
         self._source = source
-        self._dispatch = _dispatch(agent._run_bus)
+        self._dispatch = agent._run_bus.companion(_Dispatch)
         self._message_id: MessageId | None = None
         self._entered = False
         self._turn: int | None = None

@@ -15,7 +15,7 @@ import json
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import attrs
 import trio
@@ -37,13 +37,11 @@ from ._json import JSON, FrozenDict, freeze, freeze_repaired
 from ._model import ToolCall, ToolResult
 from ._progress import begin_call
 from ._schema import parse_arguments
+from ._services import Services
 from ._session import Session
 from ._settings import APPROVAL_TIMEOUT, MAX_PARALLEL_TOOL_CALLS
 from ._tools import Tool
 from ._util import stored_maker
-
-if TYPE_CHECKING:
-    from ._services import Services
 
 __all__ = [
     "run_tool_calls", "run_suspended_calls", "close_unanswered", "ToolRunner", "ToolTasks",
@@ -92,7 +90,8 @@ class ToolRunner:
     stopping: Callable[[], bool]
     # Commits the session's log up to a seq (the agent's flush barrier).
     flush: Callable[[int], Awaitable[None]]
-    tasks: ToolTasks = attrs.field(factory=ToolTasks)
+    # Given by the agent, not defaulted here: mypyc compiles no attrs field defaults.
+    tasks: ToolTasks
 
 
 async def with_tool_tasks(
@@ -433,7 +432,7 @@ class _Run:
                         value = await tool.run(**slot.kwargs)
                     if timer.cancelled_caught:
                         result = ToolResult.error(
-                            "TIMEOUT", f"{tool.name!r} did not finish within {tool.timeout} s"
+                            "TIMEOUT", f"{tool.name!r} did not finish within {tool.timeout:g} s"
                         )
                     else:
                         result = _to_result(value)
