@@ -7,15 +7,22 @@ from pathlib import Path
 import attrs
 import pytest
 
+import agentloop._log
 import agentloop.events
-from agentloop._catalog import DOCS_PATH, main, render_catalog
+from agentloop._catalog import main, render_catalog
 from agentloop._events import ALL_EVENTS
+
+# This checkout's page, wherever the package under test was installed from.
+DOCS_PATH = Path(__file__).resolve().parents[1] / "docs" / "events.md"
 
 KINDS = ("durable", "control", "hook")
 MODES = ("notify", "waterfall", "decision")
 
 
 def test_docs_events_md_is_up_to_date() -> None:
+    if not agentloop._log.__file__.endswith(".py"):
+        pytest.skip("agentloop._log is compiled (mypyc), whose TypedDicts keep no field types "
+                    "to render: the page is rendered from the pure modules")
     assert DOCS_PATH.exists(), f"{DOCS_PATH} is missing: run `python -m agentloop._catalog`"
     checked_in = DOCS_PATH.read_text(encoding="utf-8")
     assert checked_in == render_catalog(), (
