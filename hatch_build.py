@@ -1,7 +1,7 @@
 """The opt-in compiled build: hatch-mypyc, fitted to this project's layout.
 
 Enabled with ``HATCH_BUILD_HOOK_ENABLE_CUSTOM=1`` (see pyproject.toml); otherwise hatchling
-never loads this file and the wheel is pure Python.
+never loads this file and the wheel is pure Python. An editable install is pure either way.
 
 hatch-mypyc compiles relative to the first of the wheel's source folders, which here is
 ``plugins/`` (the plugin packages live there), while the modules it compiles are in
@@ -22,8 +22,13 @@ class CompiledBuild(MypycBuildHook):  # type: ignore[misc]
     def package_source(self) -> str:
         return ""
 
+    def initialize(self, version: str, build_data: dict[str, Any]) -> None:
+        # An editable install runs the checkout's own files: compiled ones would hide edits.
+        if version != "editable":
+            super().initialize(version, build_data)
+
     def finalize(self, version: str, build_data: dict[str, Any], artifact_path: str) -> None:
-        if self.target_name == "wheel":
+        if self.target_name == "wheel" and version != "editable":
             self.clean([version])
 
 

@@ -1,4 +1,4 @@
-"""What compiling the per-step modules with mypyc would give, and whether it still behaves.
+"""What compiling the per-step modules with mypyc gives, and whether it still behaves.
 
     python benchmarks/bench_compiled.py [--modules _session,_reply,...] [--rounds 5]
         [--yardstick ../shared/bench] [--keep DIR]
@@ -15,8 +15,9 @@ a C compiler is needed). Then:
    ``--yardstick``) is timed for the pure tree and the compiled copy, interleaved round by
    round, and the medians of the per-round ratios to the floor are printed.
 
-The default modules are those ``mypyc`` compiles from the tree as it is. Nothing here
-changes how the package is built: the compiled copy lives only in the temporary folder.
+The default modules are those the opt-in compiled build compiles (pyproject.toml's build
+hook; ``docs/how-to/compiled.md``). Nothing here changes how the package is built: the
+compiled copy lives only in the temporary folder, so other sets can be tried side by side.
 About 2 minutes (the compile takes most of it).
 """
 
@@ -31,10 +32,20 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT = "_session,_reply,_log,_request,_schema,_inbox,_approvals"
+
+
+def built_modules() -> str:
+    """The modules the opt-in compiled build compiles (pyproject.toml's build hook)."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    hook = config["tool"]["hatch"]["build"]["targets"]["wheel"]["hooks"]["custom"]
+    return ",".join(Path(path).stem for path in hook["include"])
+
+
+DEFAULT = built_modules()
 
 RETRY_CHECK = textwrap.dedent("""
     import trio, agentloop
