@@ -88,8 +88,9 @@ def yardstick_panel(ax: Any, y: dict[str, Any]) -> None:
     ys = list(range(len(rows)))
     before = [y["before"][r[1]] for r in rows]
     after = [y["after"][r[1]] for r in rows]
-    ax.barh([v - 0.2 for v in ys], before, height=0.38, color=FLOOR_COLOUR, label="before")
-    ax.barh([v + 0.2 for v in ys], after, height=0.38, color=OURS_COLOUR, label="after")
+    names = (y["before"].get("label", "before"), y["after"].get("label", "after"))
+    ax.barh([v - 0.2 for v in ys], before, height=0.38, color=FLOOR_COLOUR, label=names[0])
+    ax.barh([v + 0.2 for v in ys], after, height=0.38, color=OURS_COLOUR, label=names[1])
     for v, r, b, a in zip(ys, rows, before, after, strict=True):
         goal = y["goals"][r[2]]
         ax.plot([goal, goal], [v - 0.45, v + 0.45], color="black", linewidth=1.2)
@@ -98,8 +99,11 @@ def yardstick_panel(ax: Any, y: dict[str, Any]) -> None:
     ax.set_yticks(ys, labels)
     ax.invert_yaxis()
     ax.set_xlim(0, max(before + after) * 1.6)
-    ax.set_title(f"The yardstick: before ({y['before']['tree']}) and after, "
-                 f"{y['rounds']} interleaved rounds (black: goal)", fontsize=11, loc="left")
+    trees = (y["before"]["tree"], y["after"]["tree"])
+    which = (f"{names[0]} and {names[1]} ({trees[0]})" if trees[0] == trees[1]
+             else f"{names[0]} ({trees[0]}) and {names[1]} ({trees[1]})")
+    ax.set_title(f"Yardstick: {which}, {y['rounds']} rounds; black: goal", fontsize=11,
+                 loc="left")
     ax.set_xlabel("ratio, or KB (lower is better)")
     ax.legend(loc="lower right", fontsize=8.5)
     ax.grid(axis="x", alpha=0.3)
