@@ -384,8 +384,8 @@ async def fold_stream(
                         code="invalid_stream",
                     )
         except BaseException:
-            # Not ``finally``: mypyc compiles an ``await`` there so that every later call
-            # raises this exception again (mypyc/mypyc#1114), and this module is compiled.
+            # Not ``finally``: mypyc, which compiles this module in the opt-in build, compiles
+            # an ``await`` there so that every later call raises this exception again.
             await fold.close()  # noqa: ASYNC102 - the close shields and bounds itself
             raise
         await fold.close()
