@@ -25,10 +25,10 @@ Layering (``tests/test_layering.py`` enforces it; a module imports its own layer
                                          request; publication to quiescence; approvals; tails
     services    _services _session _llm _tools _settings _persistence _config _output _inputs
                                          the services record handed down; log, models, tools
-    bus         _bus _schema _pydantic _limits _progress
+    bus         _bus _schema _pydantic _limits _progress _report
                                          events; schemas; pydantic models; shared call
                                          limits; tool progress
-    values      _log _events _model _json _errors _http _util _prices
+    values      _log _events _model _json _frozen _errors _http _util _prices
     llm/        the adapters, over values only; plugins/ use the public modules only
 
 A lower layer that must name a higher type declares a ``Protocol`` of its own (``_run.Driven``,
@@ -89,7 +89,7 @@ from ._persistence import SessionInfo as SessionInfo
 from ._persistence import SessionPersistence as SessionPersistence
 from ._persistence import StoredSession as StoredSession
 from ._plugin import Plugin as Plugin
-from ._progress import report_progress as report_progress
+from ._report import report_progress as report_progress
 from ._run import Run as Run
 from ._run import RunResult as RunResult
 from ._runtime import open_runtime as open_runtime

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final, NoReturn, TypeAlias
 
 from ._errors import InvalidContent
+from ._frozen import FrozenDict
 
 __all__ = [
     "FrozenDict", "JSON", "MAX_DEPTH", "freeze", "freeze_object", "freeze_repaired",
@@ -28,51 +29,11 @@ __all__ = [
 MAX_DEPTH: Final = 200
 """Deepest nesting accepted: well inside what ``json`` and ``sqlite3`` handle (about 1,000)."""
 
-_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+# Built from chr(): mypyc, which compiles this module in the opt-in build, takes no
+# surrogate in a string literal.
+_SURROGATE: Final = re.compile(f"[{chr(0xD800)}-{chr(0xDFFF)}]")
 
 JSON: TypeAlias = "bool | int | float | str | tuple[JSON, ...] | FrozenDict | None"
-
-
-class FrozenDict(dict[str, Any]):
-    """An immutable ``dict``: reads like a dict, serialises like a dict, refuses every write.
-
-    Subclassing ``dict`` keeps ``json.dumps`` and equality with plain dicts fast and exact.
-    """
-
-    __slots__ = ("_hash",)
-    _hash: int
-
-    def _refuse(self, *_: object, **__: object) -> NoReturn:
-        raise TypeError("FrozenDict is immutable")
-
-    __setitem__ = _refuse
-    __delitem__ = _refuse
-    __ior__ = _refuse
-    clear = _refuse
-    pop = _refuse
-    popitem = _refuse
-    setdefault = _refuse
-    update = _refuse
-
-    def __hash__(self) -> int:  # type: ignore[override]
-        try:
-            return self._hash
-        except AttributeError:
-            h = hash(frozenset(self.items()))
-            object.__setattr__(self, "_hash", h)
-            return h
-
-    def __repr__(self) -> str:
-        return f"FrozenDict({dict.__repr__(self)})"
-
-    def __copy__(self) -> FrozenDict:
-        return self
-
-    def __deepcopy__(self, memo: object) -> FrozenDict:
-        return self
-
-    def __reduce__(self) -> tuple[type[FrozenDict], tuple[dict[str, Any]]]:
-        return (FrozenDict, (dict(self),))
 
 
 def _fail(path: str, why: str) -> NoReturn:

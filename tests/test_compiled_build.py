@@ -70,3 +70,13 @@ def test_the_package_under_test_is_the_compiled_build() -> None:
         if str(importlib.import_module(name).__file__).endswith(".py")
     ]
     assert not pure, f"expected the compiled build, but these modules are pure Python: {pure}"
+
+
+def test_frozen_objects_compare_as_dicts_in_every_build() -> None:
+    # A dict subclass compiled by mypyc no longer compares equal to another instance of
+    # itself, so FrozenDict lives in a module the build leaves pure.
+    from agentloop._json import FrozenDict, freeze
+
+    assert "agentloop._frozen" not in compiled_modules()
+    frozen, built = freeze({"type": "thinking"}), FrozenDict(type="thinking")
+    assert frozen == built and hash(frozen) == hash(built) and built == {"type": "thinking"}

@@ -44,8 +44,9 @@ LAYERS: list[tuple[str, set[str]]] = [
         "_services", "_session", "_llm", "_tools", "_settings", "_persistence", "_config",
         "_output", "_inputs",
     }),
-    ("bus", {"_bus", "_schema", "_pydantic", "_limits", "_progress"}),
-    ("values", {"_log", "_events", "_model", "_json", "_errors", "_http", "_util", "_prices"}),
+    ("bus", {"_bus", "_schema", "_pydantic", "_limits", "_progress", "_report"}),
+    ("values", {"_log", "_events", "_model", "_json", "_frozen", "_errors", "_http", "_util",
+                "_prices"}),
 ]
 LLM = "llm"  # the adapters: beside the core, over values only
 RANK = {name: i for i, (_, names) in enumerate(LAYERS) for name in names}
