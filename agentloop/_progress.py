@@ -1,4 +1,4 @@
-"""Progress from running tools: ``agentloop.report_progress`` and its delivery.
+"""Progress from running tools: the delivery of what ``agentloop.report_progress`` reports.
 
 A tool body runs with its call's :class:`Reporter` in a context variable (set by the
 scheduler in the tool's own task), so ``report_progress`` needs no handle. Reports become
@@ -21,10 +21,9 @@ from typing import Final
 import trio
 
 from ._bus import EventBus
-from ._errors import AgentLoopError
 from ._events import ToolProgress
 
-__all__ = ["BURST", "RATE", "Reporter", "begin_call", "report_progress"]
+__all__ = ["BURST", "RATE", "Reporter", "begin_call", "current_reporter"]
 
 BURST: Final = 10
 """Reports of one call delivered at once before the pace applies."""
@@ -103,11 +102,13 @@ class Reporter:
     def close(self) -> None:
         """The call ended: its latest undelivered report goes out now."""
         self.closed = True
-        timer, self._timer = self._timer, None
+        timer = self._timer
         if timer is not None:
+            self._timer = None
             timer.deadline = math.inf
             timer.cancel()
-        self._flush()
+        if self._pending is not None:  # most calls report nothing: no call here, then
+            self._flush()
 
 
 def begin_call(bus: EventBus, agent_id: str, call_id: str) -> Reporter:
@@ -121,50 +122,7 @@ def begin_call(bus: EventBus, agent_id: str, call_id: str) -> Reporter:
     return reporter
 
 
-def _check(message: object, fraction: object) -> float | None:
-    if not isinstance(message, str):
-        raise AgentLoopError(
-            f"report_progress: message must be a string, got {type(message).__name__}"
-        )
-    if fraction is None:
-        return None
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not (
-        0.0 <= fraction <= 1.0
-    ):
-        raise AgentLoopError(
-            f"report_progress: fraction must be a number from 0 to 1 or None, got {fraction!r}"
-        )
-    return float(fraction)
-
-
-def report_progress(message: str, *, fraction: float | None = None) -> None:
-    """Report the progress of the tool call this code runs in: ``message`` and, when known,
-    the ``fraction`` done (0 to 1).
-
-    Subscribers of :class:`agentloop.events.ToolProgress`, ``run.progress()``, the chat UI and
-    the inspector show it; it never enters the log or the model's history. Cheap enough to
-    call in a tight loop: reports faster than about 30 a second are coalesced, keeping the
-    latest. Callable from the tool's task or from a thread the tool started with
-    ``trio.to_thread.run_sync``.
-
-    Raises:
-        AgentLoopError: outside a tool body, or a message that is not a string or a fraction
-            outside 0..1.
-    """
-    reporter = _current.get()
-    if reporter is None or reporter.closed:
-        # A task the body started outside its call (a system task, a leftover) inherits
-        # the reporter: once the call is over there is nothing to report on.
-        raise AgentLoopError(
-            "report_progress() was called outside a tool body: only a running tool call "
-            "has progress to report"
-            + ("" if reporter is None else f" (call {reporter.call_id!r} has ended)")
-        )
-    checked = _check(message, fraction)
-    try:
-        trio.lowlevel.current_task()
-    except RuntimeError:
-        # A worker thread of the tool (its context was copied): report on the trio thread.
-        trio.from_thread.run_sync(reporter.report, message, checked)
-        return
-    reporter.report(message, checked)
+def current_reporter() -> Reporter | None:
+    """The reporter of the tool call the calling code runs in (also in a worker thread the
+    body started, whose context is a copy), or ``None`` outside every call."""
+    return _current.get()
