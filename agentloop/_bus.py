@@ -19,6 +19,7 @@ import logging
 import math
 import weakref
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeAlias, TypeVar, overload
 
@@ -277,6 +278,12 @@ class EventBus:
     def has_listeners(self, cls: type[Event]) -> bool:
         """Whether emitting ``cls`` would reach anyone (a cheap pre-check for hot paths)."""
         return cls in self._listened
+
+    def listened(self) -> AbstractSet[type[Event]]:
+        """The classes :meth:`has_listeners` is true of, as a live read-only set: a path
+        that checks on every event of a step (a session's appends) keeps it and tests
+        membership, without a call each time."""
+        return self._listened
 
     def has_handlers(self, cls: type[Event]) -> bool:
         return cls in self._handlers

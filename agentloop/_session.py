@@ -292,15 +292,16 @@ class Session:
     """
 
     __slots__ = (
-        "_awaiting", "_bus", "_call_ids", "_gen", "_history", "_last_call", "_log", "_memos",
-        "_open_turn", "_origins", "_splices", "_turn_usage", "_unanswered", "_usage", "_view",
-        "_wake", "id", "meta", "turns",
+        "_awaiting", "_bus", "_call_ids", "_gen", "_history", "_last_call", "_listened", "_log",
+        "_memos", "_open_turn", "_origins", "_splices", "_turn_usage", "_unanswered", "_usage",
+        "_view", "_wake", "id", "meta", "turns",
     )
 
     def __init__(self, session_id: str, meta: FrozenDict, bus: EventBus) -> None:
         self.id = session_id
         self.meta = meta
         self._bus = bus
+        self._listened = bus.listened()
         self._log: list[SessionEvent] = []
         self._history: list[Message] = []
         # What adapters keep about _history (its messages encoded), by their key: dropped
@@ -584,9 +585,8 @@ class Session:
         if type_ != "assistant/chunk":
             # A chunk changes neither the history nor the calls: most appends stop here.
             self._reduce(event)
-        bus = self._bus
-        if bus.has_listeners(SessionEventAppended):
-            bus.emit_nowait(_appended(self.id, event))
+        if SessionEventAppended in self._listened:
+            self._bus.emit_nowait(_appended(self.id, event))
         wake = self._wake
         if wake is not None:
             self._wake = None  # once: a reader that parks again sets it again
