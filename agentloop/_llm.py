@@ -225,34 +225,14 @@ def _as_iterator(served: object) -> AsyncIterator[StreamPart]:
     if hasattr(served, "__aiter__"):
         return served.__aiter__()  # type: ignore[no-any-return]
     if isinstance(served, (list, tuple)):
-        return _ListStream(served)
+        return _from_list(served)
     raise TypeError(f"an llm/stream handler returned {served!r}, not a stream of parts")
 
 
-class _ListStream:
-    """A listed reply's parts as a stream, with a schedule point before each part, as a
-    network read gives. A part is taken only once its schedule point has passed, so a
-    cancel there loses none and the reply can still be read on (an async generator would
-    have taken the part and closed itself)."""
-
-    __slots__ = ("_next", "_parts")
-
-    def __init__(self, parts: list[StreamPart] | tuple[StreamPart, ...]) -> None:
-        self._parts = parts
-        self._next = 0
-
-    def __aiter__(self) -> _ListStream:
-        return self
-
-    async def __anext__(self) -> StreamPart:
-        if self._next >= len(self._parts):
-            raise StopAsyncIteration
+async def _from_list(parts: list[StreamPart] | tuple[StreamPart, ...]) -> AsyncIterator[StreamPart]:
+    for part in parts:
         await trio.lowlevel.checkpoint()
-        self._next += 1
-        return self._parts[self._next - 1]
-
-    async def aclose(self) -> None:
-        self._next = len(self._parts)
+        yield part
 
 
 class SystemPrompt:
