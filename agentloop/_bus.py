@@ -2,14 +2,14 @@
 
 Handlers are kept per event class in dispatch order; a class with no handler and no subscriber
 costs one dict lookup to emit (hot paths check :meth:`EventBus.has_listeners` before they even
-build the event). Subscribers are actor-style observers, each fed through a trio memory channel
-of its own: the emitter only ever calls ``send_nowait``, which appends to the channel's buffer
-or, for a subscriber parked in ``receive``, reschedules it once; it never waits and never
-switches task. Durable events are never dropped, so a stalled subscriber's channel grows with
-its backlog: they are what a subscriber needs to follow a session without re-reading its log.
-Every other event is bounded by the subscription's ``capacity``, and a subscriber that falls
-that far behind is told with a :class:`Lagged` marker.
-"""
+build the event). Subscribers are actor-style observers, each with a queue of its own read
+through a ``trio.MemoryReceiveChannel``: the emitter appends to the queue and, for a subscriber
+parked in ``receive``, reschedules it once; it never waits and never switches task. Durable
+events are never dropped, so a stalled subscriber's queue grows with its backlog: they are
+what a subscriber needs to follow a session without re-reading its log. Every other event is
+bounded by the subscription's ``capacity``, and a subscriber that falls that far behind is
+told with a :class:`Lagged` marker. A session's appends, which a subscriber gets fifteen of a
+step, reach it through the class's :class:`Route`, without the lookups of an emission."""
 
 from __future__ import annotations
 
@@ -18,17 +18,18 @@ import itertools
 import logging
 import math
 import weakref
+from collections import deque
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from contextlib import AbstractAsyncContextManager
-from typing import Any, TypeAlias, TypeVar, overload
+from typing import Any, TypeAlias, TypeVar, cast, overload
 
 import attrs
 import trio
 
 from ._events import Event, SessionEventAppended
 
-__all__ = ["EventBus", "Lagged", "Disposer", "Subscribe"]
+__all__ = ["EventBus", "Lagged", "Disposer", "Route", "Subscribe"]
 
 log = logging.getLogger("agentloop")
 E = TypeVar("E", bound=Event)
@@ -80,41 +81,55 @@ class _Handler:
 
 
 class _Feed:
-    """The sending side of one subscription, and the bookkeeping that bounds it.
+    """One subscription: its queue, the bookkeeping that bounds it, and its parked readers.
 
-    The channel itself is unbounded, so ``send_nowait`` never refuses and durable events are
-    never lost; the bound on everything else is kept here. What the reader has taken is
-    ``pushed`` minus what the channel still buffers, and the buffer is only asked for its size
-    once ``pushed - consumed`` (an upper bound of it) reaches ``capacity``.
+    The queue is a deque of the feed's own, so delivering an event is an append, and a
+    reader parked for the next item is rescheduled by the put itself; the trio channel the
+    reader holds carries nothing (see :class:`_Face`). Durable events are never dropped, so
+    the queue grows with a stalled reader's backlog; everything else is bounded by
+    ``capacity`` queued items.
     """
 
     __slots__ = (
-        "_capacity", "_consumed", "_flush_armed", "_marker", "_marker_at", "_missed",
-        "_on_broken", "_pushed", "_send_nowait", "_tx", "agent_id",
+        "_capacity", "_flush_armed", "_marker", "_missed", "_on_broken", "_tx", "agent_id",
+        "closed", "parked", "queue", "readers",
     )
 
     def __init__(
         self,
-        tx: trio.MemorySendChannel[Event | Lagged],
+        tx: trio.MemorySendChannel[Any],
         capacity: Capacity,
         agent_id: str | None,
         on_broken: Callable[[], None],
     ) -> None:
         self._tx = tx
-        self._send_nowait = tx.send_nowait
         self.agent_id = agent_id
         self._capacity = capacity
-        self._pushed = 0
-        self._consumed = 0
+        self.queue: deque[Event | Lagged] = deque()
+        # The reader tasks parked until an item comes, oldest first.
+        self.parked: dict[trio.lowlevel.Task, None] = {}
+        self.readers = 1  # channel objects not closed: the reader's, and its clones
+        self.closed = False  # ended by the bus: what is queued is read, then EndOfChannel
         self._missed = 0
-        self._marker_at = -1
         self._marker: Lagged | None = None
         self._flush_armed = False
         self._on_broken = on_broken
 
+    def put(self, item: Event | Lagged) -> None:
+        self.queue.append(item)
+        if self.parked:
+            self.wake()
+
+    def wake(self) -> None:
+        parked = self.parked
+        task = next(iter(parked))
+        del parked[task]
+        trio.lowlevel.reschedule(task)
+
     def put_control(self, event: Event) -> None:
-        if self._pushed - self._consumed >= self._capacity and self._buffered() >= self._capacity:
-            if self._pushed == self._marker_at and self._marker is not None:
+        queue = self.queue
+        if len(queue) >= self._capacity:
+            if queue[-1] is self._marker and self._marker is not None:
                 # The marker is the last thing queued and, the queue being full, still
                 # unread: nobody has seen it, so it grows to count this event too. A second
                 # marker behind it would grow a stalled reader's queue by one per burst;
@@ -127,32 +142,15 @@ class _Feed:
             return
         if self._missed:
             self._mark()
-        self._send(event)
-
-    def _buffered(self) -> int:
-        buffered = self._tx.statistics().current_buffer_used
-        self._consumed = self._pushed - buffered
-        return buffered
-
-    def _send(self, item: Event | Lagged) -> None:
-        try:
-            self._send_nowait(item)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            # The reader closed its end (or the subscription ended mid-dispatch): nobody
-            # will ever read this channel again.
-            self._on_broken()
-            return
-        self._pushed += 1
+        self.put(event)
 
     def _mark(self) -> None:
         missed, self._missed = self._missed, 0
-        marker = Lagged(missed)
-        self._send(marker)
-        self._marker_at = self._pushed
-        self._marker = marker
+        marker = self._marker = Lagged(missed)
+        self.put(marker)
 
     def _arm_flush(self) -> None:
-        # A reader that drains what was buffered must learn of the gap without waiting for
+        # A reader that drains what was queued must learn of the gap without waiting for
         # another event, so the marker goes in once the emitter lets other tasks run.
         try:
             trio.lowlevel.spawn_system_task(self._flush, name="agentloop.bus.lagged")
@@ -162,58 +160,141 @@ class _Feed:
 
     async def _flush(self) -> None:
         self._flush_armed = False
-        if self._missed:
+        if self._missed and not self.closed:
             self._mark()
 
     def close(self) -> None:
-        self._tx.close()
+        """End the feed from the bus's side: readers take what is queued, then the end."""
+        self.closed = True
+        # Readers keep the queue they were given; what a dispatch still in progress puts
+        # after the end goes nowhere, without a check on the path of every event.
+        self.queue = deque(maxlen=0)
+        self._tx.close()  # the channel's statistics tell the end too
+        self.wake_all()
+
+    def wake_all(self) -> None:
+        parked, self.parked = self.parked, {}
+        for task in parked:
+            trio.lowlevel.reschedule(task)
+
+    def reader_closed(self) -> None:
+        self.readers -= 1
+        if self.readers == 0:
+            self._on_broken()  # nobody will ever read this queue again
+        else:
+            self.wake_all()  # a reader parked in the closed channel object learns of it
 
 
-# How many buffered items a subscription hands out, one after the other, before its reader
+# How many queued items a subscription hands out, one after the other, before its reader
 # passes a schedule point again: a step appends about 15 events, so a reader keeping up
 # wakes about once a step, and one catching up on a long backlog still lets others run.
 DRAIN_PER_WAKE = 64
 
+# What a subscription's channel object answers itself: everything that reads or ends.
+class _Face:
+    """What a subscription's channel object answers itself: the reading half of a feed.
 
-def _drain_per_wake(rx: trio.MemoryReceiveChannel[Any]) -> None:
-    """Let ``rx``'s reader take what is already buffered without a schedule point per item.
-
-    trio's ``receive`` passes a schedule point even when an item is waiting, so a reader
-    that keeps up with an emitter costs the run loop one pass per event (one emission per
-    wake). This ``receive``, set on the one channel object, takes up to
-    :data:`DRAIN_PER_WAKE` buffered items with only the cancel check, then goes through
-    trio's own ``receive`` (a schedule point, or a park when nothing is buffered). ``async
-    for`` goes through it too. Items, their order and the channel's end are trio's, from
-    the same buffer; ``clone()`` gives a plain channel.
+    trio's ``receive`` passes a schedule point even when an item is waiting, and its send
+    and receive are some seventy bytecodes an item between them; a subscriber that keeps up
+    with a step's fifteen appends paid for both on every one. So the items never enter the
+    channel: its ``receive`` (which ``async for`` goes through), ``receive_nowait``,
+    ``statistics``, ``clone`` and ``close`` are this object's, set on the channel instance.
+    ``receive`` takes up to :data:`DRAIN_PER_WAKE` queued items with a cancel check each
+    (trio's ``checkpoint_if_cancelled``), then passes a schedule point (trio's
+    ``cancel_shielded_checkpoint``, after taking the item, as trio's own ``receive`` does);
+    with nothing queued it parks (``trio.lowlevel.wait_task_rescheduled``) until the feed
+    puts an item. Order, losslessness, cancellation, the end of the channel and a closed
+    channel's errors are trio's; a clone reads the same queue.
     """
-    namespace = getattr(rx, "__dict__", None)
-    if namespace is None:
-        return  # a trio whose channels take no attribute: every item costs a schedule point
-    # Weakly: the channel holds this function, and a strong reference back would make the
-    # two a cycle, so a dropped subscription's buffer would wait for the cycle collector.
-    channel_of = weakref.ref(rx)
-    trio_receive = trio.MemoryReceiveChannel.receive
-    checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
-    taken = 0
 
-    async def receive() -> Any:
-        nonlocal taken
-        channel = channel_of()
-        if channel is None:
-            raise trio.ClosedResourceError("the subscription's channel is gone")
-        if taken < DRAIN_PER_WAKE:
-            await checkpoint_if_cancelled()
-            try:
-                item = channel.receive_nowait()
-            except trio.WouldBlock:
-                pass
-            else:
-                taken += 1
+    __slots__ = ("_channel", "closed", "feed", "queue", "taken")
+
+    def __init__(self, rx: trio.MemoryReceiveChannel[Any], feed: _Feed) -> None:
+        # Weakly: the channel holds this object's methods, and a strong reference back
+        # would make them a cycle, so a dropped subscription's queue would wait for the
+        # cycle collector.
+        self._channel = weakref.ref(rx)
+        self.feed = feed
+        self.queue = feed.queue  # kept past the feed's end: what was queued is still read
+        self.taken = 0
+        self.closed = False
+        namespace = getattr(rx, "__dict__", None)
+        if namespace is None:
+            raise RuntimeError("this trio's memory channels take no attribute: no subscription")
+        namespace.update(
+            receive=self.receive, receive_nowait=self.receive_nowait,
+            statistics=self.statistics, clone=self.clone, close=self.close,
+        )
+
+    async def receive(self) -> Any:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        queue = self.queue
+        if queue and self.taken < DRAIN_PER_WAKE:
+            self.taken += 1
+            return queue.popleft()
+        self.taken = 0
+        while True:
+            if queue:
+                item = queue.popleft()
+                await trio.lowlevel.cancel_shielded_checkpoint()
                 return item
-        taken = 0
-        return await trio_receive(channel)
+            feed = self.feed
+            if feed.closed:
+                raise trio.EndOfChannel
+            await _wait_for_put(feed.parked)
+            if self.closed:
+                raise trio.ClosedResourceError("the subscription's channel was closed")
+            if queue:
+                return queue.popleft()  # the park was this receive's schedule point
 
-    namespace["receive"] = receive
+    def receive_nowait(self) -> Any:
+        if self.queue:
+            return self.queue.popleft()
+        if self.feed.closed:
+            raise trio.EndOfChannel
+        raise trio.WouldBlock
+
+    def statistics(self) -> Any:
+        stats = trio.MemoryReceiveChannel.statistics(self._alive())
+        return attrs.evolve(
+            stats, current_buffer_used=len(self.queue),
+            tasks_waiting_receive=len(self.feed.parked),
+        )
+
+    def clone(self) -> trio.MemoryReceiveChannel[Any]:
+        twin = trio.MemoryReceiveChannel.clone(self._alive())
+        self.feed.readers += 1
+        _Face(twin, self.feed)
+        return twin
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        channel = self._channel()
+        if channel is not None:
+            names = vars(channel)
+            for name in ("receive", "receive_nowait", "statistics", "clone", "close"):
+                del names[name]  # trio's own methods answer a closed channel
+            trio.MemoryReceiveChannel.close(channel)
+        self.feed.reader_closed()
+
+    def _alive(self) -> trio.MemoryReceiveChannel[Any]:
+        channel = self._channel()
+        if channel is None:  # only reachable by keeping a method of a dropped channel
+            raise trio.ClosedResourceError("the subscription's channel is gone")
+        return channel
+
+
+async def _wait_for_put(parked: dict[trio.lowlevel.Task, None]) -> None:
+    task = trio.lowlevel.current_task()
+    parked[task] = None
+
+    def abort(_: Any) -> trio.lowlevel.Abort:
+        parked.pop(task, None)  # cancelled while parked: no put will look for it
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    await trio.lowlevel.wait_task_rescheduled(abort)
 
 
 class _Subscription:
@@ -250,6 +331,53 @@ def _owner(event: Event) -> str | None:
     return owner if owner is not None else getattr(event, "session_id", None)
 
 
+def _call_handlers(handlers: list[_Handler], event: Event) -> None:
+    agent_id = _owner(event)
+    for h in handlers:
+        if h.agent_id is None or h.agent_id == agent_id:
+            try:
+                h.fn(event)
+            except Exception:
+                # An observer's bug must not break the state change it observes.
+                log.exception("a %s handler failed", type(event).name)
+
+
+class Route:
+    """Who listens to one durable event class, kept current by its bus: what a hot path
+    that emits one class on every step (a session's appends) calls instead of
+    :meth:`EventBus.emit_nowait`, without its lookups. Same order: handlers, then
+    subscribers."""
+
+    __slots__ = ("feeds", "handlers")
+
+    def __init__(self) -> None:
+        self.handlers: list[_Handler] | None = None
+        self.feeds: list[_Feed] | None = None
+
+    def publish(self, event: Event) -> None:
+        handlers = self.handlers
+        if handlers is not None:
+            _call_handlers(handlers, event)
+        feeds = self.feeds
+        if feeds is None:
+            return
+        # Every log append with a subscriber comes here (15 a step): a feed's put is
+        # written out rather than called.
+        owner: str | None = None
+        owned = False  # the event's owner is looked up for the first scoped subscriber only
+        for feed in feeds:
+            if feed.agent_id is not None:
+                if not owned:
+                    owner, owned = _owner(event), True
+                if feed.agent_id != owner:
+                    continue
+            if feed._missed:
+                feed._mark()  # what was dropped before this event is told before it
+            feed.queue.append(event)
+            if feed.parked:
+                feed.wake()
+
+
 class EventBus:
     """Registrations and dispatch for every :class:`Event` class."""
 
@@ -260,6 +388,7 @@ class EventBus:
         self._listened: set[type[Event]] = set()
         self._order = itertools.count()
         self._companions: dict[object, Any] = {}
+        self._routes: dict[type[Event], Route] = {}
 
     def companion(self, make: Callable[[EventBus], T]) -> T:
         """The one object ``make(bus)`` built for this bus (on first use): another module's
@@ -269,7 +398,22 @@ class EventBus:
             found = self._companions[make] = make(self)
         return found
 
+    def route(self, cls: type[Event]) -> Route:
+        """The live :class:`Route` of durable class ``cls``: ``route.publish(event)`` is
+        ``emit_nowait(event)`` for it."""
+        if cls.kind != "durable":
+            raise TypeError(f"{cls.name!r} is a {cls.kind} event: only a durable class has a route")
+        route = self._routes.get(cls)
+        if route is None:
+            route = self._routes[cls] = Route()
+            self._relisten(cls)
+        return route
+
     def _relisten(self, cls: type[Event]) -> None:
+        route = self._routes.get(cls)
+        if route is not None:
+            route.handlers = self._handlers.get(cls)
+            route.feeds = self._subs.get(cls)
         if cls in self._handlers or cls in self._subs:
             self._listened.add(cls)
         else:
@@ -339,50 +483,21 @@ class EventBus:
         A handler that raises is logged and skipped: observers cannot break what they observe.
         """
         cls = type(event)
+        if cls.kind == "durable":
+            route = self._routes.get(cls)
+            if route is None:
+                route = self.route(cls)
+            route.publish(event)
+            return
         handlers = self._handlers.get(cls)
         if handlers is not None:
-            agent_id = _owner(event)
-            for h in handlers:
-                if h.agent_id is None or h.agent_id == agent_id:
-                    try:
-                        h.fn(event)
-                    except Exception:
-                        # An observer's bug must not break the state change it observes.
-                        log.exception("a %s handler failed", cls.name)
+            _call_handlers(handlers, event)
         subs = self._subs.get(cls)
-        if subs is None:
-            return
-        if cls.kind == "durable":
-            self._deliver_durable(subs, event)
-        else:
+        if subs is not None:
             self._deliver(subs, event)
 
     @staticmethod
-    def _deliver_durable(subs: list[_Feed], event: Event) -> None:
-        # Every log append with a subscriber comes here (15 a step), so a feed's send is
-        # inline here rather than a method of the feed.
-        owner: str | None = None
-        owned = False  # the event's owner is looked up for the first scoped subscriber only
-        for sub in subs:
-            if sub.agent_id is not None:
-                if not owned:
-                    owner, owned = _owner(event), True
-                if sub.agent_id != owner:
-                    continue
-            if sub._missed:
-                sub._mark()  # what was dropped before this event is told before it
-            try:
-                sub._send_nowait(event)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                sub._on_broken()
-                continue
-            sub._pushed += 1
-
-    @staticmethod
     def _deliver(subs: list[_Feed], event: Event) -> None:
-        if type(event).kind == "durable":
-            EventBus._deliver_durable(subs, event)
-            return
         agent_id: str | None = None
         owned = False
         for sub in subs:
@@ -400,6 +515,9 @@ class EventBus:
         non-``None`` handler result, or ``None``.
         """
         cls = type(event)
+        if cls.kind == "durable":
+            self.emit_nowait(event)  # handlers then subscribers, as every append is told
+            return None
         handlers = self._handlers.get(cls)
         subs = self._subs.get(cls)
         if subs is not None:
@@ -446,7 +564,7 @@ class EventBus:
             raise TypeError("subscribe to at least one event class")
         if capacity != math.inf and (not isinstance(capacity, int) or capacity <= 0):
             raise ValueError(f"capacity must be a positive integer or math.inf, got {capacity!r}")
-        tx, rx = trio.open_memory_channel[Event | Lagged](math.inf)
+        tx, rx = trio.open_memory_channel[Any](0)
         detached = False
 
         def detach() -> None:
@@ -465,11 +583,11 @@ class EventBus:
             sub.close()
 
         sub = _Feed(tx, capacity, agent_id, detach)
-        _drain_per_wake(rx)
+        _Face(rx, sub)
         for cls in flat:
             self._subs[cls] = [*self._subs.get(cls, ()), sub]
             self._relisten(cls)
-        return rx, Disposer(detach)
+        return cast("trio.MemoryReceiveChannel[Event | Lagged]", rx), Disposer(detach)
 
     @overload
     def subscribe(

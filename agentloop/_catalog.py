@@ -124,16 +124,19 @@ async with ctx.events.subscribe((AgentStatus, SessionEventAppended)) as received
 ```
 
 The channel is a `trio.MemoryReceiveChannel`, typed by the classes subscribed to. Delivery
-never blocks the emitter: it is one `send_nowait` into the subscription's own unbounded
-channel, which wakes a parked reader at most once per batch; the reader (`receive`, or
-`async for`) then takes what is buffered with a cancel check but no schedule point per event,
-passing one after every 64 so that a long backlog still lets other tasks run. Any kind of
+never blocks the emitter: it appends to the subscription's own queue, and reschedules a
+reader parked in `receive` once per batch. The channel object reads that queue: its
+`receive` (and so `async for`) takes what is queued with a cancel check but no schedule point
+per event, passing one after every 64 so that a long backlog still lets other tasks run;
+`receive_nowait`, `statistics()` and `clone()` read the same queue, and closing the channel
+(or the last of its clones) ends the subscription at once. Order, cancellation, the end of
+the channel and a closed channel's errors are trio's. Any kind of
 event can be subscribed to, and an async task is the place to await something in response to
 a control or durable event. A subscription made through an agent's own context only receives
 events whose `agent_id` is that agent's (so none of the `session/*` events).
 
 Durable events (`session/event`) are never dropped, however slow the subscriber: its memory
-grows with its backlog, one buffer slot per event. Control and hook events are bounded: a
+grows with its backlog, one queue slot per event. Control and hook events are bounded: a
 subscriber with `capacity` of them not yet received falls behind; further ones are counted,
 and the next thing it receives is one `Lagged` marker saying how many it missed, followed by
 what came after. To catch up on a large backlog, draining with `receive_nowait` until

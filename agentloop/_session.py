@@ -292,9 +292,9 @@ class Session:
     """
 
     __slots__ = (
-        "_awaiting", "_bus", "_call_ids", "_gen", "_history", "_last_call", "_listened", "_log",
-        "_memos", "_open_turn", "_origins", "_splices", "_turn_usage", "_unanswered", "_usage",
-        "_view", "_wake", "id", "meta", "turns",
+        "_announce", "_awaiting", "_bus", "_call_ids", "_gen", "_history", "_last_call",
+        "_listened", "_log", "_memos", "_open_turn", "_origins", "_splices", "_turn_usage",
+        "_unanswered", "_usage", "_view", "_wake", "id", "meta", "turns",
     )
 
     def __init__(self, session_id: str, meta: FrozenDict, bus: EventBus) -> None:
@@ -302,6 +302,7 @@ class Session:
         self.meta = meta
         self._bus = bus
         self._listened = bus.listened()
+        self._announce = bus.route(SessionEventAppended)
         self._log: list[SessionEvent] = []
         self._history: list[Message] = []
         # What adapters keep about _history (its messages encoded), by their key: dropped
@@ -586,7 +587,7 @@ class Session:
             # A chunk changes neither the history nor the calls: most appends stop here.
             self._reduce(event)
         if SessionEventAppended in self._listened:
-            self._bus.emit_nowait(_appended(self.id, event))
+            self._announce.publish(_appended(self.id, event))
         wake = self._wake
         if wake is not None:
             self._wake = None  # once: a reader that parks again sets it again

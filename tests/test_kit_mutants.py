@@ -142,7 +142,7 @@ MUTANTS: dict[str, tuple[Mutant, ...]] = {
         )),
     ),
     "a lost Lagged marker": (
-        Mutant("mark", _bus, "_Feed._mark", (("self._send(marker)", "pass"),)),
+        Mutant("mark", _bus, "_Feed._mark", (("self.put(marker)", "pass"),)),
     ),
     "a cancelled turn that finished its work ends completed": (
         Mutant("precedence", _agent, "Agent._turn", (
