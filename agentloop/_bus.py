@@ -92,7 +92,7 @@ class _Feed:
 
     __slots__ = (
         "_capacity", "_flush_armed", "_marker", "_missed", "_on_broken", "_tx", "agent_id",
-        "closed", "parked", "queue", "readers",
+        "closed", "durable_only", "parked", "queue", "readers",
     )
 
     def __init__(
@@ -101,8 +101,10 @@ class _Feed:
         capacity: Capacity,
         agent_id: str | None,
         on_broken: Callable[[], None],
+        durable_only: bool,
     ) -> None:
         self._tx = tx
+        self.durable_only = durable_only  # then nothing is ever dropped: no Lagged to tell
         self.agent_id = agent_id
         self._capacity = capacity
         self.queue: deque[Event | Lagged] = deque()
@@ -185,6 +187,8 @@ class _Feed:
             self.wake_all()  # a reader parked in the closed channel object learns of it
 
 
+_checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
+
 # How many queued items a subscription hands out, one after the other, before its reader
 # passes a schedule point again: a step appends about 15 events, so a reader keeping up
 # wakes about once a step, and one catching up on a long backlog still lets others run.
@@ -227,7 +231,7 @@ class _Face:
         )
 
     async def receive(self) -> Any:
-        await trio.lowlevel.checkpoint_if_cancelled()
+        await _checkpoint_if_cancelled()
         queue = self.queue
         if queue and self.taken < DRAIN_PER_WAKE:
             self.taken += 1
@@ -348,24 +352,31 @@ class Route:
     :meth:`EventBus.emit_nowait`, without its lookups. Same order: handlers, then
     subscribers."""
 
-    __slots__ = ("feeds", "handlers")
+    __slots__ = ("handlers", "plain", "rest")
 
     def __init__(self) -> None:
         self.handlers: list[_Handler] | None = None
-        self.feeds: list[_Feed] | None = None
+        # The subscriptions of durable classes only, for every agent: nothing is ever
+        # dropped or filtered for them, so an event is just put.
+        self.plain: list[_Feed] = []
+        self.rest: list[_Feed] | None = None  # scoped to an agent, or bounded for another class
 
     def publish(self, event: Event) -> None:
         handlers = self.handlers
         if handlers is not None:
             _call_handlers(handlers, event)
-        feeds = self.feeds
-        if feeds is None:
-            return
         # Every log append with a subscriber comes here (15 a step): a feed's put is
         # written out rather than called.
+        for feed in self.plain:
+            feed.queue.append(event)
+            if feed.parked:
+                feed.wake()
+        rest = self.rest
+        if rest is None:
+            return
         owner: str | None = None
         owned = False  # the event's owner is looked up for the first scoped subscriber only
-        for feed in feeds:
+        for feed in rest:
             if feed.agent_id is not None:
                 if not owned:
                     owner, owned = _owner(event), True
@@ -373,9 +384,13 @@ class Route:
                     continue
             if feed._missed:
                 feed._mark()  # what was dropped before this event is told before it
-            feed.queue.append(event)
-            if feed.parked:
-                feed.wake()
+            feed.put(event)
+
+    def update(self, handlers: list[_Handler] | None, feeds: list[_Feed] | None) -> None:
+        self.handlers = handlers
+        feeds = feeds or []
+        self.plain = [f for f in feeds if f.agent_id is None and f.durable_only]
+        self.rest = [f for f in feeds if f not in self.plain] or None
 
 
 class EventBus:
@@ -412,8 +427,7 @@ class EventBus:
     def _relisten(self, cls: type[Event]) -> None:
         route = self._routes.get(cls)
         if route is not None:
-            route.handlers = self._handlers.get(cls)
-            route.feeds = self._subs.get(cls)
+            route.update(self._handlers.get(cls), self._subs.get(cls))
         if cls in self._handlers or cls in self._subs:
             self._listened.add(cls)
         else:
@@ -582,7 +596,8 @@ class EventBus:
                 self._relisten(cls)
             sub.close()
 
-        sub = _Feed(tx, capacity, agent_id, detach)
+        durable_only = all(cls.kind == "durable" for cls in flat)
+        sub = _Feed(tx, capacity, agent_id, detach, durable_only)
         _Face(rx, sub)
         for cls in flat:
             self._subs[cls] = [*self._subs.get(cls, ()), sub]
