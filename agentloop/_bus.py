@@ -346,6 +346,21 @@ def _call_handlers(handlers: list[_Handler], event: Event) -> None:
                 log.exception("a %s handler failed", type(event).name)
 
 
+def _reached(feeds: list[_Feed], event: Event) -> list[_Feed]:
+    """The feeds ``event`` goes to: the unscoped ones, and those scoped to its owner."""
+    owner: str | None = None
+    owned = False  # the event's owner is looked up for the first scoped subscriber only
+    reached = []
+    for feed in feeds:
+        if feed.agent_id is not None:
+            if not owned:
+                owner, owned = _owner(event), True
+            if feed.agent_id != owner:
+                continue
+        reached.append(feed)
+    return reached
+
+
 class Route:
     """Who listens to one durable event class, kept current by its bus: what a hot path
     that emits one class on every step (a session's appends) calls instead of
@@ -374,14 +389,7 @@ class Route:
         rest = self.rest
         if rest is None:
             return
-        owner: str | None = None
-        owned = False  # the event's owner is looked up for the first scoped subscriber only
-        for feed in rest:
-            if feed.agent_id is not None:
-                if not owned:
-                    owner, owned = _owner(event), True
-                if feed.agent_id != owner:
-                    continue
+        for feed in _reached(rest, event):
             if feed._missed:
                 feed._mark()  # what was dropped before this event is told before it
             feed.put(event)
@@ -512,14 +520,7 @@ class EventBus:
 
     @staticmethod
     def _deliver(subs: list[_Feed], event: Event) -> None:
-        agent_id: str | None = None
-        owned = False
-        for sub in subs:
-            if sub.agent_id is not None:
-                if not owned:
-                    agent_id, owned = _owner(event), True
-                if sub.agent_id != agent_id:
-                    continue
+        for sub in _reached(subs, event):
             sub.put_control(event)
 
     async def emit(self, event: Event) -> Any:
