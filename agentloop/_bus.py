@@ -194,7 +194,6 @@ _checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
 # wakes about once a step, and one catching up on a long backlog still lets others run.
 DRAIN_PER_WAKE = 64
 
-# What a subscription's channel object answers itself: everything that reads or ends.
 class _Face:
     """What a subscription's channel object answers itself: the reading half of a feed.
 
@@ -224,7 +223,10 @@ class _Face:
         self.closed = False
         namespace = getattr(rx, "__dict__", None)
         if namespace is None:
-            raise RuntimeError("this trio's memory channels take no attribute: no subscription")
+            raise RuntimeError(
+                f"trio {trio.__version__}'s memory channels take no instance attribute, "
+                "which a subscription's channel needs (trio 0.30 to 0.35 are known to work)"
+            )
         namespace.update(
             receive=self.receive, receive_nowait=self.receive_nowait,
             statistics=self.statistics, clone=self.clone, close=self.close,
@@ -242,6 +244,8 @@ class _Face:
                 item = queue.popleft()
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return item
+            if self.closed:  # reached through a method kept from before the close
+                raise trio.ClosedResourceError("the subscription's channel was closed")
             feed = self.feed
             if feed.closed:
                 raise trio.EndOfChannel
@@ -254,6 +258,8 @@ class _Face:
     def receive_nowait(self) -> Any:
         if self.queue:
             return self.queue.popleft()
+        if self.closed:
+            raise trio.ClosedResourceError("the subscription's channel was closed")
         if self.feed.closed:
             raise trio.EndOfChannel
         raise trio.WouldBlock
@@ -275,6 +281,9 @@ class _Face:
         if self.closed:
             return
         self.closed = True
+        # Its clones still read the feed's queue; this channel reads nothing more, even
+        # through a method taken from it before (trio's answer is ClosedResourceError).
+        self.queue = deque(maxlen=0)
         channel = self._channel()
         if channel is not None:
             names = vars(channel)

@@ -49,6 +49,21 @@ async def test_a_reader_closing_its_channel_ends_the_subscription_at_once() -> N
     detach()
 
 
+async def test_a_method_kept_from_before_the_close_reads_nothing_after_it() -> None:
+    bus = EventBus()
+    rx, detach = bus.open_subscription(ev.AgentCreated)
+    twin = rx.clone()
+    receive, receive_nowait = rx.receive, rx.receive_nowait
+    emit(bus, "a", "b")
+    rx.close()
+    with pytest.raises(trio.ClosedResourceError):
+        receive_nowait()
+    with pytest.raises(trio.ClosedResourceError):
+        await receive()
+    assert ids_of([twin.receive_nowait(), await twin.receive()]) == ["a", "b"]
+    detach()
+
+
 async def test_statistics_count_the_queue_and_the_parked_reader() -> None:
     bus = EventBus()
     rx, detach = bus.open_subscription(ev.AgentCreated)
