@@ -83,9 +83,10 @@ class _Handler:
 class _Feed:
     """One subscription: its queue, the bookkeeping that bounds it, and its parked readers.
 
-    The queue is a deque of the feed's own, so delivering an event is an append, and a
-    reader parked for the next item is rescheduled by the put itself; the trio channel the
-    reader holds carries nothing (see :class:`_Face`). Durable events are never dropped, so
+    The queue is a deque of the feed's own, so delivering an event is an append; a reader
+    parked for the next item is handed it and rescheduled by the put itself, the one parked
+    longest first, as trio's channel does. The trio channel the reader holds carries
+    nothing (see :class:`_Face`). Durable events are never dropped, so
     the queue grows with a stalled reader's backlog; everything else is bounded by
     ``capacity`` queued items.
     """
@@ -108,8 +109,9 @@ class _Feed:
         self.agent_id = agent_id
         self._capacity = capacity
         self.queue: deque[Event | Lagged] = deque()
-        # The reader tasks parked until an item comes, oldest first.
-        self.parked: dict[trio.lowlevel.Task, None] = {}
+        # The reader tasks parked until an item comes, oldest first, each with the list
+        # a put hands it its item in.
+        self.parked: dict[trio.lowlevel.Task, list[Event | Lagged]] = {}
         self.readers = 1  # channel objects not closed: the reader's, and its clones
         self.closed = False  # ended by the bus: what is queued is read, then EndOfChannel
         self._missed = 0
@@ -118,14 +120,17 @@ class _Feed:
         self._on_broken = on_broken
 
     def put(self, item: Event | Lagged) -> None:
-        self.queue.append(item)
         if self.parked:
-            self.wake()
+            self.hand(item)
+        else:
+            self.queue.append(item)
 
-    def wake(self) -> None:
+    def hand(self, item: Event | Lagged) -> None:
+        """Give ``item`` to the reader parked longest: it is that reader's from now on,
+        whatever happens before it runs (trio's channel hands it over the same way)."""
         parked = self.parked
         task = next(iter(parked))
-        del parked[task]
+        parked.pop(task).append(item)
         trio.lowlevel.reschedule(task)
 
     def put_control(self, event: Event) -> None:
@@ -212,13 +217,15 @@ class _Face:
 
     __slots__ = ("_channel", "closed", "feed", "queue", "taken")
 
-    def __init__(self, rx: trio.MemoryReceiveChannel[Any], feed: _Feed) -> None:
+    def __init__(
+        self, rx: trio.MemoryReceiveChannel[Any], feed: _Feed, queue: deque[Event | Lagged],
+    ) -> None:
         # Weakly: the channel holds this object's methods, and a strong reference back
         # would make them a cycle, so a dropped subscription's queue would wait for the
         # cycle collector.
         self._channel = weakref.ref(rx)
         self.feed = feed
-        self.queue = feed.queue  # kept past the feed's end: what was queued is still read
+        self.queue = queue  # the feed's, kept past its end: what was queued is still read
         self.taken = 0
         self.closed = False
         namespace = getattr(rx, "__dict__", None)
@@ -249,11 +256,12 @@ class _Face:
             feed = self.feed
             if feed.closed:
                 raise trio.EndOfChannel
-            await _wait_for_put(feed.parked)
-            if self.closed:
-                raise trio.ClosedResourceError("the subscription's channel was closed")
-            if queue:
-                return queue.popleft()  # the park was this receive's schedule point
+            handed = await _wait_for_put(feed.parked)
+            if handed:
+                return handed[0]  # the park was this receive's schedule point
+            # Woken with nothing: the subscription ended, or a channel of it was closed
+            # (this one's queue is then empty).
+            queue = self.queue
 
     def receive_nowait(self) -> Any:
         if self.queue:
@@ -265,16 +273,22 @@ class _Face:
         raise trio.WouldBlock
 
     def statistics(self) -> Any:
+        """trio's statistics of the channel, with the queue's: ``current_buffer_used`` and
+        ``tasks_waiting_receive`` are the subscription's; a peak is not kept (a put would
+        pay for it), so ``peak_buffer_used`` reads at least what is queued now."""
         stats = trio.MemoryReceiveChannel.statistics(self._alive())
-        return attrs.evolve(
-            stats, current_buffer_used=len(self.queue),
-            tasks_waiting_receive=len(self.feed.parked),
+        used = len(self.queue)
+        stats = attrs.evolve(
+            stats, current_buffer_used=used, tasks_waiting_receive=len(self.feed.parked)
         )
+        if hasattr(stats, "peak_buffer_used"):
+            stats = attrs.evolve(stats, peak_buffer_used=max(stats.peak_buffer_used, used))
+        return stats
 
     def clone(self) -> trio.MemoryReceiveChannel[Any]:
         twin = trio.MemoryReceiveChannel.clone(self._alive())
         self.feed.readers += 1
-        _Face(twin, self.feed)
+        _Face(twin, self.feed, self.queue)
         return twin
 
     def close(self) -> None:
@@ -299,15 +313,21 @@ class _Face:
         return channel
 
 
-async def _wait_for_put(parked: dict[trio.lowlevel.Task, None]) -> None:
+async def _wait_for_put(
+    parked: dict[trio.lowlevel.Task, list[Event | Lagged]],
+) -> list[Event | Lagged]:
+    """Park until a put hands this task an item (the list holds it) or the feed wakes
+    every reader (the list is empty)."""
     task = trio.lowlevel.current_task()
-    parked[task] = None
+    handed: list[Event | Lagged] = []
+    parked[task] = handed
 
     def abort(_: Any) -> trio.lowlevel.Abort:
         parked.pop(task, None)  # cancelled while parked: no put will look for it
         return trio.lowlevel.Abort.SUCCEEDED
 
     await trio.lowlevel.wait_task_rescheduled(abort)
+    return handed
 
 
 class _Subscription:
@@ -392,9 +412,10 @@ class Route:
         # Every log append with a subscriber comes here (15 a step): a feed's put is
         # written out rather than called.
         for feed in self.plain:
-            feed.queue.append(event)
             if feed.parked:
-                feed.wake()
+                feed.hand(event)
+            else:
+                feed.queue.append(event)
         rest = self.rest
         if rest is None:
             return
@@ -588,7 +609,7 @@ class EventBus:
             raise TypeError("subscribe to at least one event class")
         if capacity != math.inf and (not isinstance(capacity, int) or capacity <= 0):
             raise ValueError(f"capacity must be a positive integer or math.inf, got {capacity!r}")
-        tx, rx = trio.open_memory_channel[Any](0)
+        tx, rx = trio.open_memory_channel[Any](math.inf)  # unbounded, as its statistics say
         detached = False
 
         def detach() -> None:
@@ -606,9 +627,9 @@ class EventBus:
                 self._relisten(cls)
             sub.close()
 
-        durable_only = all(cls.kind == "durable" for cls in flat)
+        durable_only = all(getattr(cls, "kind", None) == "durable" for cls in flat)
         sub = _Feed(tx, capacity, agent_id, detach, durable_only)
-        _Face(rx, sub)
+        _Face(rx, sub, sub.queue)
         for cls in flat:
             self._subs[cls] = [*self._subs.get(cls, ()), sub]
             self._relisten(cls)

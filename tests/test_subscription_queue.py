@@ -244,3 +244,68 @@ async def test_any_interleaving_reads_every_item_once_in_order(ops: list[Op]) ->
         async for item in rx:
             rest.append(item)
     assert ids_of(got + rest) == put  # none lost, and then the end
+
+
+# --- as trio's channel does it --------------------------------------------------------------
+
+
+async def test_the_reader_parked_longest_gets_the_first_item() -> None:
+    bus = EventBus()
+    rx, detach = bus.open_subscription(ev.AgentCreated)
+    twin = rx.clone()
+    got: dict[str, object] = {}
+
+    async def park(name: str, channel: trio.MemoryReceiveChannel[object]) -> None:
+        got[name] = await channel.receive()
+
+    for _ in range(20):  # trio runs a batch in either order: the hand-over must not depend on it
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(park, "first", rx)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(park, "second", twin)
+            await trio.testing.wait_all_tasks_blocked()
+            emit(bus, "a", "b")
+        assert ids_of([got["first"], got["second"]]) == ["a", "b"]
+    detach()
+
+
+async def test_an_item_handed_to_a_parked_reader_is_its_own_whatever_comes_next() -> None:
+    bus = EventBus()
+    rx, detach = bus.open_subscription(ev.AgentCreated)
+    got: list[object] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_append, got, rx)
+        await trio.testing.wait_all_tasks_blocked()
+        emit(bus, "a")
+        rx.close()  # before the reader runs: the item was already its
+    assert ids_of(got) == ["a"]
+    detach()
+
+
+async def test_a_clone_made_after_the_end_still_reads_what_was_queued() -> None:
+    bus = EventBus()
+    rx, detach = bus.open_subscription(ev.AgentCreated)
+    emit(bus, "a", "b")
+    detach()
+    twin = rx.clone()
+    assert ids_of([await twin.receive(), await rx.receive()]) == ["a", "b"]
+    with pytest.raises(trio.EndOfChannel):
+        await twin.receive()
+
+
+async def test_statistics_say_the_channel_is_unbounded_and_its_peak_covers_the_queue() -> None:
+    bus = EventBus()
+    rx, detach = bus.open_subscription(ev.AgentCreated)
+    emit(bus, "a", "b", "c")
+    stats = rx.statistics()
+    assert stats.max_buffer_size == math.inf
+    assert stats.current_buffer_used == 3
+    assert getattr(stats, "peak_buffer_used", 3) >= 3
+    detach()
+
+
+def test_subscribing_to_the_base_event_class_still_gives_a_channel() -> None:
+    bus = EventBus()
+    rx, detach = bus.open_subscription(ev.Event)  # the base class: nothing is ever emitted as it
+    assert rx.statistics().current_buffer_used == 0
+    detach()
