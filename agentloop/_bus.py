@@ -3,8 +3,9 @@
 Handlers are kept per event class in dispatch order; a class with no handler and no subscriber
 costs one dict lookup to emit (hot paths check :meth:`EventBus.has_listeners` before they even
 build the event). Subscribers are actor-style observers, each with a queue of its own read
-through a ``trio.MemoryReceiveChannel``: the emitter appends to the queue and, for a subscriber
-parked in ``receive``, reschedules it once; it never waits and never switches task. Durable
+through a ``trio.MemoryReceiveChannel``: the emitter appends to the queue, or hands the event
+to a subscriber parked in ``receive`` and reschedules it; it never waits and never switches
+task. Durable
 events are never dropped, so a stalled subscriber's queue grows with its backlog: they are
 what a subscriber needs to follow a session without re-reading its log. Every other event is
 bounded by the subscription's ``capacity``, and a subscriber that falls that far behind is
@@ -211,8 +212,9 @@ class _Face:
     (trio's ``checkpoint_if_cancelled``), then passes a schedule point (trio's
     ``cancel_shielded_checkpoint``, after taking the item, as trio's own ``receive`` does);
     with nothing queued it parks (``trio.lowlevel.wait_task_rescheduled``) until the feed
-    puts an item. Order, losslessness, cancellation, the end of the channel and a closed
-    channel's errors are trio's; a clone reads the same queue.
+    hands it an item, the reader parked longest first. Order, losslessness, cancellation,
+    the end of the channel and a closed channel's errors are trio's; a clone reads the same
+    queue.
     """
 
     __slots__ = ("_channel", "closed", "feed", "queue", "taken")

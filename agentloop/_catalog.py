@@ -124,8 +124,9 @@ async with ctx.events.subscribe((AgentStatus, SessionEventAppended)) as received
 ```
 
 The channel is a `trio.MemoryReceiveChannel`, typed by the classes subscribed to. Delivery
-never blocks the emitter: it appends to the subscription's own queue, and reschedules a
-reader parked in `receive` once per batch. The channel object reads that queue: its
+never blocks the emitter: it appends to the subscription's own queue, or hands the event to
+the reader parked longest in `receive` and reschedules it. The channel object reads that
+queue: its
 `receive` (and so `async for`) takes what is queued with a cancel check but no schedule point
 per event, passing one after every 64 so that a long backlog still lets other tasks run;
 `receive_nowait`, `statistics()` and `clone()` read the same queue, and closing the channel
