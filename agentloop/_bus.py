@@ -87,9 +87,8 @@ class _Feed:
     The queue is a deque of the feed's own, so delivering an event is an append; a reader
     parked for the next item is handed it and rescheduled by the put itself, the one parked
     longest first, as trio's channel does. The trio channel the reader holds carries
-    nothing (see :class:`_Face`). Durable events are never dropped, so
-    the queue grows with a stalled reader's backlog; everything else is bounded by
-    ``capacity`` queued items.
+    nothing (see :class:`_Face`). Durable events are never dropped, so the queue grows with
+    a stalled reader's backlog; everything else is bounded by ``capacity`` queued items.
     """
 
     __slots__ = (
@@ -199,6 +198,7 @@ _checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
 # passes a schedule point again: a step appends about 15 events, so a reader keeping up
 # wakes about once a step, and one catching up on a long backlog still lets others run.
 DRAIN_PER_WAKE = 64
+
 
 class _Face:
     """What a subscription's channel object answers itself: the reading half of a feed.

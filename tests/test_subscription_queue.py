@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentloop import events as ev
-from agentloop._bus import EventBus
+from agentloop._bus import Disposer, EventBus
 
 
 def emit(bus: EventBus, *ids: str) -> None:
@@ -31,6 +31,15 @@ def emit(bus: EventBus, *ids: str) -> None:
 
 def ids_of(items: list[object]) -> list[str]:
     return [e.agent_id for e in items if isinstance(e, ev.AgentCreated)]
+
+
+def with_a_clone() -> tuple[
+    EventBus, trio.MemoryReceiveChannel[object], trio.MemoryReceiveChannel[object], Disposer
+]:
+    """A bus, a subscription's channel and a clone of it, and the subscription's disposer."""
+    bus = EventBus()
+    rx, detach = bus.open_subscription(ev.AgentCreated)
+    return bus, rx, rx.clone(), detach
 
 
 async def test_a_reader_closing_its_channel_ends_the_subscription_at_once() -> None:
@@ -113,9 +122,7 @@ async def test_a_reader_parked_when_the_subscription_ends_gets_the_end() -> None
 
 
 async def test_a_reader_parked_in_a_closed_clone_gets_closed_resource_error() -> None:
-    bus = EventBus()
-    rx, detach = bus.open_subscription(ev.AgentCreated)
-    twin = rx.clone()
+    bus, rx, twin, detach = with_a_clone()
     seen: dict[str, object] = {}
 
     async def park(name: str, channel: trio.MemoryReceiveChannel[object]) -> None:
@@ -250,9 +257,7 @@ async def test_any_interleaving_reads_every_item_once_in_order(ops: list[Op]) ->
 
 
 async def test_the_reader_parked_longest_gets_the_first_item() -> None:
-    bus = EventBus()
-    rx, detach = bus.open_subscription(ev.AgentCreated)
-    twin = rx.clone()
+    bus, rx, twin, detach = with_a_clone()
     got: dict[str, object] = {}
 
     async def park(name: str, channel: trio.MemoryReceiveChannel[object]) -> None:
