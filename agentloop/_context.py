@@ -149,11 +149,12 @@ class EventsFacade:
         is bounded by ``capacity``: a subscriber with that many items queued unread misses
         the next ones and receives one :class:`agentloop.Lagged` marker in their place.
 
-        Each ``receive`` (and each turn of ``async for``) is a trip through the scheduler,
-        even when an event is already queued. A reader working through a backlog can take
-        what is queued with ``receive_nowait`` until it raises ``trio.WouldBlock``, one trip
-        per batch instead of per event; for events that arrive one at a time it gains
-        nothing. Inside an agent's scope the channel only carries that agent's events.
+        Each ``receive`` (and each turn of ``async for``) checks for cancellation; it takes
+        what is already queued without a trip through the scheduler, passing one every 64
+        events so that a long backlog lets other tasks run, and parks when nothing is
+        queued. ``receive_nowait`` until ``trio.WouldBlock`` skips the cancel check too.
+        Closing the channel ends the subscription. Inside an agent's scope the channel only
+        carries that agent's events.
         """
         return self._bus.subscribe(
             classes, *more, capacity=capacity, agent_id=self._ctx.agent_id
