@@ -787,6 +787,8 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
     def _claim(self, turn: int, *, boundary: bool) -> tuple[InboxMessage, ...]:
         """Atomically take the next-step input, plus one queued prompt at a turn boundary."""
         batch = self._inbox.claim(boundary=boundary)
+        if not batch:
+            return ()
         bus, append = self._services.bus, self.session.append
         for is_prompt, m in batch:
             append(
@@ -926,9 +928,12 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             entering = self._claim(turn.number, boundary=False)
         while True:
             step += 1
-            stop = await self._stopping_point(turn, step, "pre-step")
-            if stop is not None:
-                return stop
+            # Most steps have neither a stopping policy nor a step limit in reach: no
+            # coroutine for them.
+            if bus.has_handlers(AgentTurnStopping) or self._at_step_limit(turn):
+                stop = await self._stopping_point(turn, step, "pre-step")
+                if stop is not None:
+                    return stop
             if bus.has_handlers(AgentPreStep):
                 decision = await bus.emit(AgentPreStep(self.id, turn.number, step, entering))
                 if isinstance(decision, Reject):
@@ -1060,10 +1065,9 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                     self.session.turn_usage, trio.current_time() - turn.started,
                 )
             )
-        if not isinstance(decision, Stop) and point == "pre-step":
+        if not isinstance(decision, Stop) and point == "pre-step" and self._at_step_limit(turn):
             limit = self._services.settings.get(MAX_STEPS_PER_TURN)
-            if limit and turn.steps >= limit:
-                decision = Stop("step_limit", f"{MAX_STEPS_PER_TURN} ({limit}) reached")
+            decision = Stop("step_limit", f"{MAX_STEPS_PER_TURN} ({limit}) reached")
         if not isinstance(decision, Stop):
             return None
         self._cancel_cause = decision.cause
@@ -1073,6 +1077,10 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             decision.reason or "no reason given",
         )
         return "aborted"
+
+    def _at_step_limit(self, turn: _Turn) -> bool:
+        limit = self._services.settings.get(MAX_STEPS_PER_TURN)
+        return bool(limit) and turn.steps >= limit
 
     def _replace_all(self, messages: Sequence[Message]) -> None:
         """A pre-step ``Replace``: the whole history, durably (refused if unpaired)."""

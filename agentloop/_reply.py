@@ -9,7 +9,6 @@ builder).
 
 from __future__ import annotations
 
-import contextlib
 import dis
 import functools
 import json
@@ -88,8 +87,11 @@ class _CallParts:
                 if isinstance(parsed, dict):
                     # A lone surrogate from a JSON escape is repaired like provider text;
                     # what cannot be stored at all (1e400, too deep) stays text.
-                    with contextlib.suppress(InvalidContent):
+                    try:
                         frozen = freeze_repaired(parsed)[0]
+                    except InvalidContent:
+                        pass
+                    else:
                         assert isinstance(frozen, FrozenDict)
                         arguments = frozen
         return _call(self.id or f"call_{uuid.uuid4().hex[:24]}", self.name or "", arguments)
