@@ -126,6 +126,7 @@ OTHERS = [
     (["bench_kit_shrink.py", "--runs", "1"], "shrinking a 10-operation failure"),
     (["bench_kit_mutants.py", "--seeds", "1", "--only", "status lags"], "1/1"),
     (["bench_instructions.py", "--quick"], "each ran one turn"),
+    (["bench_shape.py", "--rounds", "1"], "floor in the shape"),
 ]
 
 
