@@ -127,6 +127,7 @@ OTHERS = [
     (["bench_kit_mutants.py", "--seeds", "1", "--only", "status lags"], "1/1"),
     (["bench_instructions.py", "--quick"], "each ran one turn"),
     (["bench_shape.py", "--rounds", "1"], "floor in the shape"),
+    (["bench_gc.py", "--reps", "1", "--agents", "10"], "tracked objects a step leaves alive"),
 ]
 
 
