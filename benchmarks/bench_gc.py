@@ -25,15 +25,13 @@ import gc
 import statistics
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
-from bench_instructions import CHUNKS, STEPS, direct, floor_turn
-from bench_instructions import model as floor_model
+from bench_instructions import STEPS, add, agentloop_model, direct, floor_turn
 
 import agentloop
-from agentloop.testing import Finish, FunctionModel, TextDelta, ToolCallDelta
 
 
 class Collections:
@@ -64,58 +62,7 @@ class Collections:
         return time.perf_counter() - start, self.count, self.seconds
 
 
-async def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: the first number.
-        b: the second number.
-    """
-    return a + b
-
-
-def model(steps: int | None) -> FunctionModel:
-    """The yardstick's model: one checkpoint a call, 10 chunks, a tool call but on the last
-    step (``steps``), or, with ``steps=None``, unless the last message is a tool result."""
-    made = [0]
-
-    async def stream(request: Any) -> AsyncIterator[Any]:
-        await trio.lowlevel.checkpoint()
-        if steps is None:
-            want = request.messages[-1].role != "tool"
-        else:
-            want = request.step < steps
-        for chunk in CHUNKS:
-            yield TextDelta(chunk)
-        if want:
-            made[0] += 1
-            n = made[0]
-            yield ToolCallDelta(0, id=f"call_{n}", name="add", arguments=f'{{"a": {n}, "b": 1}}')
-        yield Finish("tool_calls" if want else "stop")
-
-    return FunctionModel(stream)
-
-
 OPTIONS = agentloop.AgentOptions(provider="bench", model="zero-latency")
-
-
-async def two_step_floor() -> None:
-    """The floor's W2 run (``floor_trio.py``'s): the tool once, then the answer."""
-    history: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
-    while True:
-        await trio.lowlevel.checkpoint()
-        chunks, call = [], None
-        async for part in floor_model(history[-1]["role"] != "tool"):
-            if type(part) is str:
-                chunks.append(part)
-            else:
-                call = part
-        history.append({"role": "assistant", "content": "".join(chunks),
-                        "tool_calls": [call] if call else None})
-        if call is None:
-            return
-        result = await direct(call)
-        history.append({"role": "tool", "tool_call_id": call["id"], "content": result})
 
 
 def row(name: str, walls: list[float], counts: list[Counter[int]], spent: list[float],
@@ -133,7 +80,7 @@ async def main(reps: int, agents: int) -> None:
     gc.callbacks.append(collections)
     async with agentloop.open_runtime() as rt:
         rt.tools.tool(add, concurrency="parallel")
-        rt.llm.register("bench", model(STEPS))
+        rt.llm.register("bench", agentloop_model(STEPS))
 
         async def w1_turn(index: int) -> Callable[[], Awaitable[None]]:
             handle = await rt.agents.create(session_id=f"w1-{index}", agent_options=OPTIONS)
@@ -179,7 +126,7 @@ async def main(reps: int, agents: int) -> None:
     w2_floor: list[tuple[float, Counter[int], float]] = []
     async with agentloop.open_runtime() as rt:
         rt.tools.tool(add, concurrency="parallel")
-        rt.llm.register("bench", model(None))
+        rt.llm.register("bench", agentloop_model(None))
         for rep in range(reps + 1):
             handles = [await rt.agents.create(session_id=f"w2-{rep}-{i}", agent_options=OPTIONS)
                        for i in range(agents)]
@@ -193,7 +140,7 @@ async def main(reps: int, agents: int) -> None:
             async def bare() -> None:
                 async with trio.open_nursery() as nursery:
                     for _ in range(agents):
-                        nursery.start_soon(two_step_floor)
+                        nursery.start_soon(floor_turn, "go", direct, 2)
 
             mine = await collections.timed(everyone)
             plain = await collections.timed(bare)

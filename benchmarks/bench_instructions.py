@@ -46,29 +46,6 @@ async def agentloop_turns(turns: int, subscribers: int) -> None:
 
     import agentloop
     from agentloop.events import SessionEventAppended
-    from agentloop.testing import Finish, FunctionModel, TextDelta, ToolCallDelta
-
-    made = [0]
-
-    async def add(a: int, b: int) -> int:
-        """Add two integers.
-
-        Args:
-            a: the first number.
-            b: the second number.
-        """
-        return a + b
-
-    async def stream(request: Any) -> AsyncIterator[Any]:
-        await trio.lowlevel.checkpoint()  # the model request's network read
-        want = request.step < STEPS
-        for chunk in CHUNKS:
-            yield TextDelta(chunk)
-        if want:
-            made[0] += 1
-            n = made[0]
-            yield ToolCallDelta(0, id=f"call_{n}", name="add", arguments=f'{{"a": {n}, "b": 1}}')
-        yield Finish("tool_calls" if want else "stop")
 
     async def observe(rt: Any, done: Any, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         async with rt.events.subscribe(SessionEventAppended) as rx:
@@ -81,7 +58,7 @@ async def agentloop_turns(turns: int, subscribers: int) -> None:
     options = agentloop.AgentOptions(provider="bench", model="zero-latency")
     async with agentloop.open_runtime() as rt:
         rt.tools.tool(add, concurrency="parallel")
-        model = FunctionModel(stream)
+        model = agentloop_model()
         rt.llm.register("bench", model)
         for turn in range(turns):
             handle = await rt.agents.create(session_id=f"w1-{turn}", agent_options=options)
@@ -100,7 +77,40 @@ _MADE = [0]
 
 
 async def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first number.
+        b: the second number.
+    """
     return a + b
+
+
+def agentloop_model(steps: int | None = STEPS) -> Any:
+    """The yardstick's model as agentloop's ``FunctionModel``: one checkpoint a call (the
+    request's network read), the chunks, then a tool call on every step but the last of
+    ``steps``, or, with ``steps=None`` (W2), unless the last message is a tool result."""
+    import trio
+
+    from agentloop.testing import Finish, FunctionModel, TextDelta, ToolCallDelta
+
+    made = [0]
+
+    async def stream(request: Any) -> AsyncIterator[Any]:
+        await trio.lowlevel.checkpoint()
+        if steps is None:
+            want = request.messages[-1].role != "tool"
+        else:
+            want = request.step < steps
+        for chunk in CHUNKS:
+            yield TextDelta(chunk)
+        if want:
+            made[0] += 1
+            n = made[0]
+            yield ToolCallDelta(0, id=f"call_{n}", name="add", arguments=f'{{"a": {n}, "b": 1}}')
+        yield Finish("tool_calls" if want else "stop")
+
+    return FunctionModel(stream)
 
 
 async def model(want_tool: bool) -> AsyncIterator[Any]:
@@ -118,16 +128,18 @@ def direct(call: dict[str, Any]) -> Awaitable[Any]:
     return add(**json.loads(call["arguments"]))
 
 
-async def floor_turn(content: str, run_tool: Callable[[dict[str, Any]], Awaitable[Any]]) -> None:
+async def floor_turn(
+    content: str, run_tool: Callable[[dict[str, Any]], Awaitable[Any]], steps: int = STEPS
+) -> None:
     """``floor_trio.py``'s W1 turn: plain lists and dicts, one checkpoint per model call, the
-    tool call made by ``run_tool``."""
+    tool call made by ``run_tool``, on every step but the last of ``steps``."""
     import trio
 
     history: list[dict[str, Any]] = [{"role": "user", "content": content}]
-    for step in range(1, STEPS + 1):
+    for step in range(1, steps + 1):
         await trio.lowlevel.checkpoint()
         chunks, call = [], None
-        async for part in model(step < STEPS):
+        async for part in model(step < steps):
             if type(part) is str:
                 chunks.append(part)
             else:
