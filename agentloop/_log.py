@@ -255,8 +255,10 @@ def text_chunk(step: int, kind: str, delta: str, *, repaired: bool = False) -> F
 
 def text_chunks(step: int, kind: str) -> Callable[..., FrozenDict]:
     """``text_chunk`` for one step and kind, called as ``make(delta=...)``: the per-chunk
-    path then builds its dict without a Python frame (the same keys, in the same order)."""
-    return functools.partial(FrozenDict, step=step, kind=kind)
+    path then builds its dict without a Python frame (the same keys, in the same order).
+    The step and kind are a dict the partial holds, not its keywords: copying a dict is
+    cheaper than merging keyword arguments on every chunk."""
+    return functools.partial(FrozenDict, {"step": step, "kind": kind})
 
 
 def tool_call_chunk(
