@@ -128,6 +128,7 @@ OTHERS = [
     (["bench_instructions.py", "--quick"], "each ran one turn"),
     (["bench_shape.py", "--rounds", "1"], "floor in the shape"),
     (["bench_gc.py", "--reps", "1", "--agents", "10"], "tracked objects a step leaves alive"),
+    (["bench_bytecodes.py"], "the shape's own trio work"),
 ]
 
 
