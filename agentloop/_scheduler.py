@@ -599,6 +599,15 @@ class _Run:
         for slot in slots:
             if slot.kwargs is not None:
                 self._start(nursery, slot)
+        if self.in_flight:
+            # The calls' tasks run in trio's next pass, and so does this task if it yields
+            # now rather than park: when it comes after them there (trio picks either order)
+            # and they did not wait, it finds them done, a pass and a wake-up sooner. When
+            # it came first, one more yield finds them done as soon as parking would, without
+            # the park and the wake-up; calls that wait for something are then waited for.
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            if self.in_flight:
+                await trio.lowlevel.cancel_shielded_checkpoint()
         for slot in slots[self.next_emit:]:
             while slot.started and not slot.finished:
                 if self.changed.is_set():
