@@ -10,8 +10,9 @@ the actor waits for, so three passes of trio's run loop a step where the floor m
 Counting the bytecodes each step executes (``sys.settrace`` with opcode events, in a child
 process: 1 and then 3 turns of 50 steps, the difference divided by 100 steps, so start-up
 and imports cancel out) tells them apart: the ``trio`` column of "floor in the shape" less
-that of the floor is the shape's, whoever keeps it. The counts are exact and do not move
-with the machine's load; they are not time (a bytecode of trio's run loop is not one of a
+that of the floor is the shape's, whoever keeps it. The counts do not move with the
+machine's load; trio's column moves by about 1% between runs (trio runs a pass's tasks in an
+order it picks at random). They are not time (a bytecode of trio's run loop is not one of a
 dict lookup), so read them beside ``bench_instructions.py`` and the yardstick.
 
 ``--pythonpath`` adds a row for another checkout (first on ``sys.path``, as

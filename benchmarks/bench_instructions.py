@@ -7,9 +7,12 @@ On a shared machine the wall and CPU clocks move by 1.5x between minutes, so two
 percent apart cannot be told apart by timing them. Counting instructions can: valgrind's
 ``callgrind`` runs the same turns in a child process twice (2 and 6 turns of 50 steps) and
 the difference, divided by the 200 steps between them, is what a step costs, start-up and
-imports cancelled out; two runs of one tree agree within 0.1%. The same is done for the bare trio
-loop of the yardstick's floor (``floor_trio.py``'s W1, written out below), so the ratio is
-the yardstick's W1 ratio counted in instructions. A third loop is that floor in the design
+imports cancelled out. Two runs of one tree agree within about 0.5%: trio runs the tasks
+of each pass of its loop in an order it picks at random, and whether a step's actor runs
+before or after its tool's task decides whether it waits a pass more; compare the mean of
+a few runs. The same is done for the bare trio loop of the yardstick's floor
+(``floor_trio.py``'s W1, written out below), so the ratio is the yardstick's W1 ratio
+counted in instructions. A third loop is that floor in the design
 card's shape (an actor task fed by a channel, a task per tool call): the least the shape
 itself costs.
 
@@ -177,7 +180,13 @@ async def shape_turns(turns: int) -> None:
                     box: list[Any] = []
                     done = trio.Event()
                     tools.start_soon(call_tool, call, box, done, name=f"tool:{call['id']}")
-                    await done.wait()
+                    # As the runtime waits for a step's calls: up to two yields (the task
+                    # runs in trio's next pass, before or after this one), then a park.
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    if not done.is_set():
+                        await trio.lowlevel.cancel_shielded_checkpoint()
+                    if not done.is_set():
+                        await done.wait()
                     return box[0]
 
                 await floor_turn(content, in_task)
