@@ -543,6 +543,102 @@ async def test_cancel_mid_group_aborts_started_and_undispatched_calls(
     assert len(model.requests) == 1
 
 
+async def test_a_tool_that_cancels_its_own_turn_stops_it_before_the_hooks_after_tools(
+    rt, model
+) -> None:
+    # The body cancels synchronously and returns at once: the step finds its call done
+    # without waiting for it, and must still see the cancel before the turn goes on.
+    holder: dict[str, agentloop.Agent] = {}
+    seen: list[str] = []
+
+    @rt.tools.tool(concurrency="parallel")
+    async def stop_now() -> str:
+        """Stop the turn."""
+        holder["agent"].cancel()
+        return "stopped"
+
+    def stopping(e: ev.AgentTurnStopping) -> None:
+        seen.append(f"stopping {e.point} {e.step}")
+
+    def continuation(e: ev.AgentTurnContinuation) -> None:
+        seen.append(f"continuation {e.step}")
+
+    rt.events.on(ev.AgentTurnStopping, stopping)
+    rt.events.on(ev.AgentTurnContinuation, continuation)
+    model.add(reply("", tool_calls=[("stop_now", {}, "c1")]), reply("never"))
+    handle = await start(rt)
+    agent = holder["agent"] = handle.agent
+    with trio.fail_after(5):
+        await agent.wait_idle()
+    assert [e.data["content"] for e in of_type(agent, "tool/result")] == ["stopped"]
+    assert turn_ends(agent) == ["aborted"]
+    assert of_type(agent, "turn/end")[0].data["cause"] == "user"
+    assert seen == ["stopping pre-step 1"]
+    assert len(model.requests) == 1
+
+
+async def test_a_steer_kept_by_a_tools_cancel_runs_in_the_next_turn(rt, model) -> None:
+    holder: dict[str, agentloop.Agent] = {}
+
+    @rt.tools.tool(concurrency="parallel")
+    async def steer_and_stop() -> str:
+        """Steer, then stop the turn keeping the inbox."""
+        holder["agent"].steer("a steer sent by the tool")
+        holder["agent"].cancel(keep_inbox=True)
+        return "stopped"
+
+    model.add(reply("", tool_calls=[("steer_and_stop", {}, "c1")]), reply("steered"))
+    handle = await start(rt)
+    agent = holder["agent"] = handle.agent
+    with trio.fail_after(5):
+        await agent.wait_idle()
+    assert turn_ends(agent) == ["aborted", "completed"]
+    (steer,) = of_type(agent, "steering/message")
+    assert steer.turn == 2
+    assert [m.text for m in agent.session.messages()][-2:] == [
+        "a steer sent by the tool", "steered"
+    ]
+
+
+@pytest.mark.parametrize("passes", [0, 1, 2])
+async def test_a_steer_kept_by_a_cancel_while_the_calls_ran_runs_in_the_next_turn(
+    passes: int,
+) -> None:
+    # Another task steers and cancels (keeping the inbox) a few schedule points after the
+    # step started a call that does not wait: whenever that lands, the cancel ends the turn
+    # before it claims the steer, which the next turn answers. trio orders the tasks of a
+    # pass at random, so each spacing is tried a number of times.
+    for _ in range(15):
+        async with agentloop.open_runtime() as ctx:
+            model = ScriptedModel()
+            ctx.llm.register("scripted", model)
+
+            @ctx.tools.tool(concurrency="parallel")
+            async def quick() -> str:
+                """Answer at once."""
+                return "ok"
+
+            # A cancel that lands once the next step's request is out cuts that request:
+            # the next turn then takes the third reply.
+            model.add(
+                reply("", tool_calls=[("quick", {}, "c1")]), reply("steered"), reply("steered")
+            )
+            handle = await start(ctx)
+            agent = handle.agent
+            with trio.fail_after(5):
+                while not of_type(agent, "tool/call"):
+                    await trio.lowlevel.checkpoint()
+                for _ in range(passes):
+                    await trio.lowlevel.checkpoint()
+                agent.steer("kept steer")
+                agent.cancel(keep_inbox=True)
+                await agent.wait_idle()
+            assert result_ids(agent) == ["c1"]
+            (steer,) = of_type(agent, "steering/message")
+            assert steer.turn == 2, [(e.turn, e.type) for e in agent.session.events]
+            assert turn_ends(agent) == ["aborted", "completed"]
+
+
 async def test_a_shielded_body_keeps_its_real_result_on_cancel(
     rt, model, autojump_clock
 ) -> None:
