@@ -134,6 +134,8 @@ def main() -> None:
     if args.child:
         child(args.child[0], int(args.child[1]), int(args.child[2]))
         return
+    if args.python and not args.pythonpath:
+        parser.error("--python runs --pythonpath's tree: give both")
     floor, _, version = measure("floor")
     shape, _, _ = measure("shape")
     rows: list[tuple[str, dict[str, float]]] = [
