@@ -537,6 +537,12 @@ class _Run:
         if failure is not None:
             self._abort_rest()
             raise failure
+        # The plain step's yields see no cancel, and any wait may have ended before one: a
+        # cancel that came while the calls ran (a body cancelling its own turn, or another
+        # task between the calls' end and this task running again) stops the turn here, with
+        # every result logged, and not after the hooks and the inbox claim that follow a
+        # tool step.
+        await trio.lowlevel.checkpoint_if_cancelled()
 
     def _plain(self) -> bool:
         """Whether this step's calls can take the plain way: a fresh step whose calls all
@@ -599,8 +605,7 @@ class _Run:
         for slot in slots:
             if slot.kwargs is not None:
                 self._start(nursery, slot)
-        ran = self.in_flight
-        if ran:
+        if self.in_flight:
             # The calls' tasks run in trio's next pass, and so does this task if it yields
             # now rather than park: when it comes after them there (trio picks either order)
             # and they did not wait, it finds them done, a pass and a wake-up sooner. When
@@ -618,12 +623,6 @@ class _Run:
             assert result is not None
             self._append_result(slot, result)
             self.next_emit += 1
-        if ran:
-            # The yields above see no cancel, and a wait may have ended before one: a cancel
-            # that came while the calls ran (a body cancelling its own turn, say) stops the
-            # turn here, with every result logged, and not after the hooks and the claim
-            # that follow a tool step.
-            await trio.lowlevel.checkpoint_if_cancelled()
 
     async def _run_alone(self, nursery: trio.Nursery, slot: _Slot) -> None:
         self._start(nursery, slot)

@@ -600,20 +600,22 @@ async def test_a_steer_kept_by_a_tools_cancel_runs_in_the_next_turn(rt, model) -
     ]
 
 
+@pytest.mark.parametrize("concurrency", ["parallel", "exclusive"])
 @pytest.mark.parametrize("passes", [0, 1, 2])
 async def test_a_steer_kept_by_a_cancel_while_the_calls_ran_runs_in_the_next_turn(
-    passes: int,
+    passes: int, concurrency: Any,
 ) -> None:
     # Another task steers and cancels (keeping the inbox) a few schedule points after the
     # step started a call that does not wait: whenever that lands, the cancel ends the turn
     # before it claims the steer, which the next turn answers. trio orders the tasks of a
-    # pass at random, so each spacing is tried a number of times.
+    # pass at random, so each spacing is tried a number of times; an exclusive call goes
+    # through the general dispatcher, a parallel one through the plain step.
     for _ in range(15):
         async with agentloop.open_runtime() as ctx:
             model = ScriptedModel()
             ctx.llm.register("scripted", model)
 
-            @ctx.tools.tool(concurrency="parallel")
+            @ctx.tools.tool(concurrency=concurrency)
             async def quick() -> str:
                 """Answer at once."""
                 return "ok"
