@@ -15,7 +15,6 @@ for content.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Final, Literal
 
 import attrs
@@ -167,7 +166,7 @@ class InboxState:
 
     def drain_turns(self) -> None:
         """Consume every waking record received so far (a turn boundary sees them all)."""
-        _drain(self.turn_rx)
+        self.turn_rx.drain()
 
     def close(self) -> None:
         """No more input: ends an idle actor's wait on the next-turn channel."""
@@ -210,6 +209,11 @@ class Wakeups:
             self._reader = None
             trio.lowlevel.reschedule(reader)
 
+    def drain(self) -> None:
+        """Take every record sent so far, without a schedule point (nor the ``WouldBlock``
+        a loop of ``receive_nowait`` would end on)."""
+        self._count = 0
+
     def receive_nowait(self) -> None:
         if self._count:
             self._count -= 1
@@ -238,8 +242,3 @@ class Wakeups:
         self._reader = None
         return trio.lowlevel.Abort.SUCCEEDED
 
-
-def _drain(channel: Wakeups) -> None:
-    with contextlib.suppress(trio.WouldBlock, trio.EndOfChannel):
-        while True:
-            channel.receive_nowait()
