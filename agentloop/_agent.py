@@ -92,6 +92,9 @@ CLOSE_GRACE: Final = 30.0
 _WAKE: Final = InboxMessage(MessageId(""), "")
 # A hibernated agent's call settings when they are those its options give.
 _CONFIGURED: Final = object()
+# The settings the options last asked for give: agents made alike share one options value,
+# and so one (immutable) config, built once.
+_last_configured: tuple[AgentOptions | None, CallConfig] = (None, CallConfig())
 
 _current: contextvars.ContextVar[Agent | None] = contextvars.ContextVar(
     "agentloop_current_agent", default=None
@@ -180,13 +183,18 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
 
     def _configured(self) -> CallConfig:
         """The call settings its options give (what it starts with unless resumed)."""
+        global _last_configured
         options = self.options
-        return CallConfig(
-            provider=options.provider,
-            model=options.model,
-            reasoning_effort=options.reasoning_effort,
-            max_tokens=options.max_tokens,
-        )
+        last_options, config = _last_configured
+        if last_options is not options:
+            config = CallConfig(
+                provider=options.provider,
+                model=options.model,
+                reasoning_effort=options.reasoning_effort,
+                max_tokens=options.max_tokens,
+            )
+            _last_configured = (options, config)
+        return config
 
     def _dormant_config(self) -> CallConfig | None:
         """The call settings a hibernated agent goes on with when it wakes (None: those
@@ -789,7 +797,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         batch = self._inbox.claim(boundary=boundary)
         if not batch:
             return ()
-        bus, append = self._services.bus, self.session.append
+        bus, append = self._services.bus, self._session.append
         for is_prompt, m in batch:
             append(
                 _log.USER_MESSAGE if is_prompt else _log.STEERING_MESSAGE,
@@ -804,8 +812,8 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         # Answers to calls a closed turn left awaiting approval open a turn of their own,
         # even a cancelled one: cancel() answers them ABORTED_BEFORE_DISPATCH there.
         approvals = self._runner.approvals
-        resuming = any(approvals.answered(p.call_id) for p in self.session.awaiting_approval)
-        crashed = None if resuming else self.session.open_turn()
+        resuming = any(approvals.answered(p.call_id) for p in self._session.awaiting_approval)
+        crashed = None if resuming else self._session.open_turn()
         if crashed is None and not resuming and (
             scope.cancel_called or not (self._inbox.next_turn or self._inbox.waking)
         ):
@@ -816,10 +824,10 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         if crashed is not None:
             # Resumed with crashed_turn="continue": the open turn goes on where it stopped.
             turn = _Turn(crashed, started=trio.current_time())
-            going_on = continue_crashed_turn(self.session, self._idempotent)
+            going_on = continue_crashed_turn(self._session, self._idempotent)
         else:
-            turn = _Turn(self.session.turns + 1, started=trio.current_time())
-            self.session.append(_log.TURN_START, _log.turn_start(turn.number), turn.number)
+            turn = _Turn(self._session.turns + 1, started=trio.current_time())
+            self._session.append(_log.TURN_START, _log.turn_start(turn.number), turn.number)
         # A resuming turn claims no prompt: queued input waits for the turn after it.
         claimed = () if resuming or going_on else self._claim(turn.number, boundary=True)
         if resuming:
@@ -840,14 +848,14 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         except BaseException:
             # The agent's own scope ran out of disposal grace (work ignored the cancel): the
             # turn still ends, durably, before the actor unwinds.
-            turn.reason = "suspended" if self.session.awaiting_approval else "disposed"
+            turn.reason = "suspended" if self._session.awaiting_approval else "disposed"
             with trio.CancelScope(shield=True):
                 await self._close_turn(turn)
             raise
         if _cancel_called(scope) and turn.reason != "error":
             # Cancellation takes precedence even when the work finished before noticing it.
             turn.reason = "disposed" if self._life.stopping else "aborted"
-        if turn.reason == "disposed" and self.session.awaiting_approval:
+        if turn.reason == "disposed" and self._session.awaiting_approval:
             # Calls wait for a person: they stay pending, and a resume picks them up.
             turn.reason = "suspended"
         await self._close_turn(turn)
@@ -855,7 +863,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
     def _suspended_output(self) -> OutputSpec | None:
         """The structured output the suspended turn being resumed asked for, from its
         ``turn/end`` (so a resume in another process asks for it too)."""
-        for event in reversed(self.session.events):
+        for event in reversed(self._session.events):
             if event.type == _log.TURN_END:
                 schema, name = event.data.get("output_schema"), event.data.get("output_name")
                 if isinstance(schema, FrozenDict) and isinstance(name, str):
@@ -868,8 +876,8 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         # tools, an internal error), every call the model made gets its answer, so the next
         # request is valid for every provider; at a disposal, calls awaiting approval keep
         # waiting instead (the turn is suspended).
-        close_unanswered(self.session, turn.number, keep_awaiting=self._life.stopping)
-        self._runner.approvals.prune({p.call_id for p in self.session.awaiting_approval})
+        close_unanswered(self._session, turn.number, keep_awaiting=self._life.stopping)
+        self._runner.approvals.prune({p.call_id for p in self._session.awaiting_approval})
         error: FrozenDict | None = None
         if turn.error is not None:
             err = turn.error
@@ -881,11 +889,11 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             error = frozen
         reason = turn.reason or "error"
         cause = (self._cancel_cause or "user") if reason == "aborted" else None
-        end = self.session.append(
+        end = self._session.append(
             _log.TURN_END,
             _log.turn_end(
                 turn.number, reason, cause=cause, error=error,
-                usage=self.session.turn_usage or None, detail=turn.detail,
+                usage=self._session.turn_usage or None, detail=turn.detail,
                 output=(
                     (turn.output.schema, turn.output.name)
                     if reason == "suspended" and turn.output is not None else None
@@ -1037,15 +1045,15 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                 result = ToolResult.error("OUTPUT_INVALID", problem)
             else:
                 result = ToolResult.error("OUTPUT_INVALID", f"call {FINAL_RESULT} only once")
-            self.session.append(_log.TOOL_CALL, _log.tool_call(call), turn)
-            self.session.append(
+            self._session.append(_log.TOOL_CALL, _log.tool_call(call), turn)
+            self._session.append(
                 _log.TOOL_RESULT, result_data(call, result), turn
             )
 
     def _correct(self, turn: int, text: str) -> None:
         """Tell the model, as a steering message of this turn, what to fix in its output."""
         mid = new_message_id()
-        self.session.append(
+        self._session.append(
             _log.STEERING_MESSAGE,
             _log.claimed_message(mid, text, FrozenDict(kind="output-correction")),
             turn,
@@ -1062,7 +1070,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             decision = await bus.emit(
                 AgentTurnStopping(
                     self.id, turn.number, step, point, turn.steps, turn.tool_calls,
-                    self.session.turn_usage, trio.current_time() - turn.started,
+                    self._session.turn_usage, trio.current_time() - turn.started,
                 )
             )
         if not isinstance(decision, Stop) and point == "pre-step" and self._at_step_limit(turn):
@@ -1084,7 +1092,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
 
     def _replace_all(self, messages: Sequence[Message]) -> None:
         """A pre-step ``Replace``: the whole history, durably (refused if unpaired)."""
-        session = self.session
+        session = self._session
         current = session.messages()
         if len(current) == len(messages) and session.common_prefix(
             current, messages

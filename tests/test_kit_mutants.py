@@ -122,7 +122,7 @@ MUTANTS: dict[str, tuple[Mutant, ...]] = {
     "a turn left open by a disposal past the grace": (
         Mutant("turn", _agent, "Agent._turn", ((
             (
-                "        turn.reason = \"suspended\" if self.session.awaiting_approval "
+                "        turn.reason = \"suspended\" if self._session.awaiting_approval "
                 "else \"disposed\"\n"
                 "        with trio.CancelScope(shield=True):\n"
                 "            await self._close_turn(turn)\n"
