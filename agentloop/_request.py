@@ -84,7 +84,7 @@ class Requests:
     def _visible_specs(self) -> tuple[ToolSpec, ...]:
         registry = self._services.tools
         if registry.version != self._specs_version:
-            self._specs = tuple(t.spec for t in registry.visible(self._agent_id))
+            self._specs = registry.specs(self._agent_id)
             self._specs_version = registry.version
         return self._specs
 

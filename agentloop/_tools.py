@@ -230,6 +230,10 @@ class ToolRegistry:
         self._entries: dict[str, list[_Entry]] = {}
         self._guards: list[tuple[str | None, Policy]] = []
         self.version = 0
+        # Registrations for one agent; while there are none every agent sees the same tools,
+        # and the specs of one version are built once for all of them.
+        self._scoped = 0
+        self._shared_specs: tuple[int, tuple[ToolSpec, ...]] = (-1, ())
 
     def register(self, tool: Tool, *, agent_id: str | None = None) -> Disposer:
         if not isinstance(tool, Tool):
@@ -237,6 +241,8 @@ class ToolRegistry:
         entry = _Entry(tool, agent_id)
         self._entries.setdefault(tool.name, []).append(entry)
         self.version += 1
+        if agent_id is not None:
+            self._scoped += 1
 
         def dispose() -> None:
             entries = self._entries.get(tool.name)
@@ -245,6 +251,8 @@ class ToolRegistry:
                 if not entries:
                     del self._entries[tool.name]
                 self.version += 1
+                if agent_id is not None:
+                    self._scoped -= 1
 
         return Disposer(dispose)
 
@@ -278,6 +286,16 @@ class ToolRegistry:
             if entry.agent_id is None:
                 return entry.tool
         return None
+
+    def specs(self, agent_id: str) -> tuple[ToolSpec, ...]:
+        """What the model of ``agent_id`` is shown of its :meth:`visible` tools."""
+        if self._scoped:
+            return tuple(t.spec for t in self.visible(agent_id))
+        version, specs = self._shared_specs
+        if version != self.version:
+            specs = tuple(t.spec for t in self.visible(agent_id))
+            self._shared_specs = (self.version, specs)
+        return specs
 
     def visible(self, agent_id: str) -> tuple[Tool, ...]:
         """The tools an agent sees, sorted by name so requests serialize deterministically."""

@@ -71,6 +71,38 @@ async def test_setup_runs_unpublished_and_scopes_its_registrations(rt, model) ->
     assert rt.tools.get("private") is None
 
 
+async def test_each_request_shows_the_tools_registered_by_then_for_its_agent(rt, model) -> None:
+    # Agents without tools of their own share the specs shown to the model: one agent's own
+    # tool, a later global tool and that agent's disposal must each reach the next request.
+    model.add("a1", "b1", "a2", "b2", "a3")
+
+    async def setup(ctx: agentloop.Context) -> None:
+        @ctx.tools.tool
+        async def private() -> str:
+            """Only this agent sees me."""
+            return "secret"
+
+    async def turn(handle: agentloop.AgentHandle) -> tuple[str, ...]:
+        handle.agent.followup("x")
+        await handle.agent.wait_idle()
+        return tuple(t.name for t in model.requests[-1].tools)
+
+    a = await rt.agents.create(session_id="a", agent_options=OPTIONS)
+    assert await turn(a) == ()
+    b = await rt.agents.create(session_id="b", agent_options=OPTIONS, setup=setup)
+    assert await turn(b) == ("private",)
+    assert await turn(a) == ()
+
+    @rt.tools.tool
+    async def shared() -> str:
+        """Everyone sees me."""
+        return "shared"
+
+    assert await turn(b) == ("private", "shared")
+    await b.aclose()
+    assert await turn(a) == ("shared",)
+
+
 async def test_driving_an_unpublished_agent_is_an_error(rt, model) -> None:
     refused: list[str] = []
 
