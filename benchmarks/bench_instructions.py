@@ -2,6 +2,7 @@
 not move with the machine's load.
 
     python benchmarks/bench_instructions.py [--subscribers N] [--pythonpath TREE] [--caches]
+    python benchmarks/bench_instructions.py --workload w2 [--pythonpath TREE]
 
 On a shared machine the wall and CPU clocks move by 1.5x between minutes, so two trees a few
 percent apart cannot be told apart by timing them. Counting instructions can: valgrind's
@@ -25,7 +26,11 @@ checkout, first on ``sys.path``), and the yardstick for the goal figures. The tu
 yardstick's: ``FunctionModel`` with one checkpoint per model call, 10 text chunks and one
 tool call a step (none on the last), a fresh agent per turn; ``--subscribers N`` adds N
 durable subscribers reading every event.
-Needs ``valgrind`` on ``PATH``; about 3 minutes (5 with ``--caches``).
+``--workload w2`` counts the yardstick's W2 instead: 500 fresh agents each running a two-step
+turn at once (a tool call, then the answer), beside the floor's 500 concurrent loops. Each
+loop runs two repetitions twice, with and without the turns (the agents are made and closed
+either way), so a run's figure is what its turn costs, creation and closing cancelled out.
+Needs ``valgrind`` on ``PATH``; about 3 minutes (5 with ``--caches``; 2 for W2).
 """
 
 from __future__ import annotations
@@ -74,6 +79,53 @@ async def agentloop_turns(turns: int, subscribers: int) -> None:
                 for done in seen:
                     await done.wait()
             model.requests.clear()
+
+
+W2_AGENTS = 500
+W2_REPS = 2
+
+
+async def agentloop_w2(reps: int, run: bool) -> None:
+    """W2's repetitions: 500 fresh agents made, then (with ``run``) one turn for each of them,
+    all at once, then closed. A first agent's turn, in either case, warms the runtime up."""
+    import trio
+
+    import agentloop
+
+    options = agentloop.AgentOptions(provider="bench", model="zero-latency")
+    async with agentloop.open_runtime() as rt:
+        rt.tools.tool(add, concurrency="parallel")
+        model = agentloop_model(None)
+        rt.llm.register("bench", model)
+        async with await rt.agents.create(session_id="w2-warm", agent_options=options) as warm:
+            warm.agent.followup("go")
+            await warm.agent.wait_idle()
+        for rep in range(reps):
+            handles = [
+                await rt.agents.create(session_id=f"w2-{rep}-{i}", agent_options=options)
+                for i in range(W2_AGENTS)
+            ]
+            if run:
+                for handle in handles:
+                    handle.agent.followup("go")
+                for handle in handles:
+                    await handle.agent.wait_idle()
+            model.requests.clear()
+            async with trio.open_nursery() as nursery:
+                for handle in handles:
+                    nursery.start_soon(handle.aclose)
+
+
+async def floor_w2(reps: int, run: bool) -> None:
+    """``floor_trio.py``'s W2: 500 two-step loops at once, each a task of its own."""
+    import trio
+
+    await floor_turn("go", direct, 2)
+    for _ in range(reps):
+        if run:
+            async with trio.open_nursery() as nursery:
+                for _ in range(W2_AGENTS):
+                    nursery.start_soon(floor_turn, "go", direct, 2)
 
 
 _MADE = [0]
@@ -205,9 +257,9 @@ async def shape_turns(turns: int) -> None:
 def count(
     what: str, turns: int, subscribers: int, pythonpath: str | None, caches: bool = False
 ) -> dict[str, int]:
-    """valgrind's totals for a child running ``turns`` turns: ``Ir`` (instructions) and,
-    with ``caches``, the simulated first-level misses (``I1mr`` code, ``D1mr``/``D1mw``
-    data)."""
+    """valgrind's totals for a child running ``turns`` turns (a W2 child: repetitions, and
+    ``subscribers`` 1 or 0 for with or without the turns): ``Ir`` (instructions) and, with
+    ``caches``, the simulated first-level misses (``I1mr`` code, ``D1mr``/``D1mw`` data)."""
     env = dict(os.environ, PYTHONHASHSEED="0")
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(
@@ -236,8 +288,17 @@ def per_step(
     return {name: (many[name] - few[name]) / (4 * STEPS) for name in many}
 
 
+def per_w2_run(what: str, pythonpath: str | None) -> float:
+    """Instructions a W2 run's turn costs: two repetitions with the turns, less the same
+    without them, over the runs."""
+    ran = count(what, W2_REPS, 1, pythonpath)
+    idle = count(what, W2_REPS, 0, pythonpath)
+    return (ran["Ir"] - idle["Ir"]) / (W2_REPS * W2_AGENTS)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", choices=["w1", "w2"], default="w1")
     parser.add_argument("--subscribers", type=int, default=0)
     parser.add_argument("--pythonpath", help="a checkout to measure instead of the installed one")
     parser.add_argument("--caches", action="store_true",
@@ -252,14 +313,20 @@ def main() -> None:
         trio.run(floor_turns, 1)
         trio.run(shape_turns, 1)
         trio.run(agentloop_turns, 1, max(args.subscribers, 1))
-        print("quick: the floor, the floor in the shape and agentloop each ran one turn "
-              "(uncounted; run without --quick to count)")
+        trio.run(floor_w2, 1, True)
+        trio.run(agentloop_w2, 1, True)
+        print("quick: the floor, the floor in the shape and agentloop each ran one turn, "
+              "and W2's loops one repetition (uncounted; run without --quick to count)")
         return
     if args.child:
         import trio
 
         what, turns, subscribers = args.child[0], int(args.child[1]), int(args.child[2])
-        if what == "floor":
+        if what == "floor-w2":
+            trio.run(floor_w2, turns, bool(subscribers))
+        elif what == "agentloop-w2":
+            trio.run(agentloop_w2, turns, bool(subscribers))
+        elif what == "floor":
             trio.run(floor_turns, turns)
         elif what == "shape":
             trio.run(shape_turns, turns)
@@ -268,6 +335,13 @@ def main() -> None:
         return
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not on PATH: this benchmark counts instructions with it")
+    if args.workload == "w2":
+        floor_run = per_w2_run("floor-w2", None)
+        ours_run = per_w2_run("agentloop-w2", args.pythonpath)
+        print(f"{'floor (bare trio)':<26} {floor_run:>10,.0f} instructions per W2 run")
+        print(f"{'agentloop':<26} {ours_run:>10,.0f} instructions per W2 run "
+              f"({ours_run / floor_run:.2f}x)")
+        return
     caches = args.caches
     floor = per_step("floor", 0, None, caches)
     shape = per_step("shape", 0, None, caches)
