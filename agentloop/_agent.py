@@ -65,6 +65,7 @@ from ._run import RunControls, take_output
 from ._scheduler import (
     ToolRunner,
     ToolTasks,
+    TurnCancel,
     close_unanswered,
     result_data,
     run_suspended_calls,
@@ -152,7 +153,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
 
     __slots__ = (
         "_cancel_cause", "_idle", "_inbox", "_life", "_model_calls", "_services", "_session",
-        "_status", "_tool_runner", "_turn_scope", "_wake_flag", "cwd", "id", "options", "resumed",
+        "_status", "_tool_runner", "_turn_cancel", "_wake_flag", "cwd", "id", "options", "resumed",
     )
 
     def __init__(
@@ -176,7 +177,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         life.bind(self, Agent._stop, Agent._actor)
         self._status: Status = "idle"
         self._wake_flag = False
-        self._turn_scope: trio.CancelScope | None = None
+        self._turn_cancel: TurnCancel | None = None
         self._cancel_cause: str | None = None
         self._idle: trio.Event | None = None
         self._build(session, proposal)
@@ -335,8 +336,8 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
 
     def _answer(self, call_id: str, answer: Answer) -> bool:
         self._check_open("approval")
-        if self._status == "running" and self._turn_scope is not None \
-                and self._turn_scope.cancel_called:
+        if self._status == "running" and self._turn_cancel is not None \
+                and self._turn_cancel.cancel_called:
             return False  # the cancelled turn answers its parked calls ABORTED_BEFORE_DISPATCH
         approvals = self._runner.approvals
         if approvals.answered(call_id) or all(
@@ -454,7 +455,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
 
     def _admit(self) -> None:
         # Synchronous, so a cancel() right after the send hits the turn it admitted.
-        self._turn_scope = trio.CancelScope()
+        self._turn_cancel = TurnCancel()
         self._cancel_cause = None
         self._wake_flag = True
         self._set_status("running")
@@ -483,22 +484,22 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             if not keep_inbox:
                 self._inbox.discard_all("canceled")
             self._answered()
-            assert self._turn_scope is not None
+            assert self._turn_cancel is not None
             self._cancel_cause = cause
-            self._turn_scope.cancel()
+            self._turn_cancel.cancel()
             self._cancel_children()
             return True
-        if self._status != "running" or self._turn_scope is None:
+        if self._status != "running" or self._turn_cancel is None:
             return False
         approvals.blocked = False
-        effective = not self._turn_scope.cancel_called
+        effective = not self._turn_cancel.cancel_called
         if not keep_inbox and self._inbox.discard_all("canceled"):
             effective = True
         # A kept waking steer still needs a turn: it is the wake this cancel must not lose.
         self._wake_flag = keep_inbox and bool(self._inbox.waking)
-        if not self._turn_scope.cancel_called:
+        if not self._turn_cancel.cancel_called:
             self._cancel_cause = cause
-            self._turn_scope.cancel()
+            self._turn_cancel.cancel()
         self._cancel_children()
         return effective
 
@@ -533,9 +534,9 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         life.stopping = True
         self._set_status("disposed")
         self._inbox.discard_all("disposed")
-        if self._turn_scope is not None and not self._turn_scope.cancel_called:
+        if self._turn_cancel is not None and not self._turn_cancel.cancel_called:
             self._cancel_cause = "disposed"
-            self._turn_scope.cancel()
+            self._turn_cancel.cancel()
         self._inbox.close()
         if life.nursery is not None:
             self._set_grace(life.nursery)
@@ -648,19 +649,19 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             # Everything that arrived so far is seen by this turn's claims; only input sent
             # from here on replays the latch.
             inbox.drain_turns()
-            scope = self._turn_scope
-            assert scope is not None
+            cancel = self._turn_cancel
+            assert cancel is not None
             self._wake_flag = False
-            await self._turn(scope)
+            await self._turn(cancel)
             if self._stopping():
                 return False
             # A waking steer still pending needs a turn too: a keep-inbox cancel between its
             # admission and this turn's start ended that turn before it began.
             if self._wake_flag or inbox.next_turn or inbox.waking:
-                self._turn_scope = trio.CancelScope()
+                self._turn_cancel = TurnCancel()
                 self._cancel_cause = None
                 continue
-            self._turn_scope = None
+            self._turn_cancel = None
             self._runner.approvals.blocked = False
             # Load-bearing: an agent/status handler may send while the agent turns idle.
             # That send admits a new turn synchronously (status back to running), and the
@@ -808,14 +809,14 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                 bus.emit_nowait(InboxClaimed(self.id, m, turn))
         return tuple(m for _, m in batch)
 
-    async def _turn(self, scope: trio.CancelScope) -> None:
+    async def _turn(self, cancel: TurnCancel) -> None:
         # Answers to calls a closed turn left awaiting approval open a turn of their own,
         # even a cancelled one: cancel() answers them ABORTED_BEFORE_DISPATCH there.
         approvals = self._runner.approvals
         resuming = any(approvals.answered(p.call_id) for p in self._session.awaiting_approval)
         crashed = None if resuming else self._session.open_turn()
         if crashed is None and not resuming and (
-            scope.cancel_called or not (self._inbox.next_turn or self._inbox.waking)
+            cancel.cancel_called or not (self._inbox.next_turn or self._inbox.waking)
         ):
             # Cancelled before it began, or its input was removed: no durable turn.
             await trio.lowlevel.checkpoint()
@@ -838,10 +839,10 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                 if spec is not None:
                     turn.output = spec
         try:
-            with scope:
-                turn.reason = await with_tool_tasks(self._runner, scope, lambda: self._run_turn(
-                    turn, claimed, resuming=resuming, going_on=going_on
-                ))
+            # The turn's cancel scope is its tool nursery's: None when its cancel ended it.
+            turn.reason = await with_tool_tasks(self._runner, cancel, lambda: self._run_turn(
+                turn, claimed, resuming=resuming, going_on=going_on
+            ))
         except Exception as exc:  # noqa: BLE001 - a failing hook ends the turn, not the loop
             turn.reason, turn.error = "error", exc
             log.warning("agent %s: turn %d failed: %r", self.id, turn.number, exc)
@@ -852,7 +853,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             with trio.CancelScope(shield=True):
                 await self._close_turn(turn)
             raise
-        if _cancel_called(scope) and turn.reason != "error":
+        if _cancel_called(cancel) and turn.reason != "error":
             # Cancellation takes precedence even when the work finished before noticing it.
             turn.reason = "disposed" if self._life.stopping else "aborted"
         if turn.reason == "disposed" and self._session.awaiting_approval:
@@ -1101,5 +1102,5 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         session.replace_history(1, session.last_seq, messages, reason="pre-step")
 
 
-def _cancel_called(scope: trio.CancelScope) -> bool:
-    return scope.cancel_called
+def _cancel_called(cancel: TurnCancel) -> bool:
+    return cancel.cancel_called

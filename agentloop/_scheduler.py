@@ -45,7 +45,7 @@ from ._util import stored_maker
 
 __all__ = [
     "run_tool_calls", "run_suspended_calls", "close_unanswered", "ToolRunner", "ToolTasks",
-    "with_tool_tasks", "ABORTED_BEFORE_DISPATCH",
+    "TurnCancel", "with_tool_tasks", "ABORTED_BEFORE_DISPATCH",
 ]
 
 _T = TypeVar("_T")
@@ -69,13 +69,40 @@ class _Slot:
     deferred: bool = False  # was parked: its result is published whenever it is ready
 
 
+class TurnCancel:
+    """A turn's cancel: asked for from the turn's admission on, carried out by the cancel
+    scope of the turn's tool nursery (:func:`with_tool_tasks`) once that is open.
+
+    The nursery's own scope is the turn's: one scope a turn instead of two, each entered
+    and left through trio's context managers. A cancel asked for before the nursery opens
+    cancels it as it opens; one asked for after it closed is only recorded.
+    """
+
+    __slots__ = ("_scope", "cancel_called")
+
+    def __init__(self) -> None:
+        self.cancel_called = False
+        self._scope: trio.CancelScope | None = None
+
+    def cancel(self) -> None:
+        self.cancel_called = True
+        if self._scope is not None:
+            self._scope.cancel()
+
+    def carry_out(self, scope: trio.CancelScope) -> None:
+        """Make ``scope`` the one this cancel cancels (and cancel it if asked already)."""
+        self._scope = scope
+        if self.cancel_called:
+            scope.cancel()
+
+
 @attrs.define(slots=True, eq=False)
 class ToolTasks:
-    """The nursery the tool tasks of the running turn start in, and the turn's own cancel
-    scope (both ``None`` between turns)."""
+    """The nursery the tool tasks of the running turn start in, and the turn's cancel (both
+    ``None`` between turns)."""
 
     nursery: trio.Nursery | None = None
-    scope: trio.CancelScope | None = None
+    scope: TurnCancel | None = None
 
 
 @attrs.frozen(slots=True, eq=False)
@@ -95,21 +122,28 @@ class ToolRunner:
 
 
 async def with_tool_tasks(
-    runner: ToolRunner, scope: trio.CancelScope, body: Callable[[], Awaitable[_T]]
-) -> _T:
-    """Run ``body`` (a turn, inside its cancel ``scope``) with one nursery for all its steps'
-    tool tasks.
+    runner: ToolRunner, cancel: TurnCancel, body: Callable[[], Awaitable[_T]]
+) -> _T | None:
+    """Run ``body`` (a turn) with one nursery for all its steps' tool tasks, whose cancel
+    scope is the turn's: ``cancel`` cancels the body and the tasks together. Returns what
+    ``body`` returns, or None when the turn's cancel ended it.
 
     A nursery per step cost a scope, a schedule point at its exit and a wake-up; the steps
-    still wait for every task they start (``_Run.run``). What ``body`` raises leaves as it is,
-    not wrapped in the nursery's exception group.
+    still wait for every task they start (``_Run.run``). What ``body`` raises (a cancel
+    aside) leaves as it is, not wrapped in the nursery's exception group.
     """
     failure: BaseException | None = None
+    value: _T | None = None
     tasks = runner.tasks
     async with trio.open_nursery() as nursery:
-        tasks.nursery, tasks.scope = nursery, scope
+        cancel.carry_out(nursery.cancel_scope)
+        tasks.nursery, tasks.scope = nursery, cancel
         try:
             value = await body()
+        except trio.Cancelled:
+            # To the nursery: its scope catches the turn's own cancel, as trio decides, and
+            # lets an outer one (disposal's grace running out) through.
+            raise
         except BaseException as exc:  # noqa: BLE001, ASYNC103 - raised below, unwrapped
             failure = exc
         finally:

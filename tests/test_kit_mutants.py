@@ -146,7 +146,7 @@ MUTANTS: dict[str, tuple[Mutant, ...]] = {
     ),
     "a cancelled turn that finished its work ends completed": (
         Mutant("precedence", _agent, "Agent._turn", (
-            ('if _cancel_called(scope) and turn.reason != "error":', OFF),
+            ('if _cancel_called(cancel) and turn.reason != "error":', OFF),
         )),
     ),
     "a cancel that keeps the steers it should discard": (
