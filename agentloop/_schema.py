@@ -520,28 +520,53 @@ def _refuse_any(value: object, path: str, out: list[str]) -> None:
 
 
 def _compile(schema: object) -> _Check:
+    return _compile_node(schema)[0]
+
+
+# The exact classes a value of each JSON kind arrives as (bool is not an integer here).
+_EXACT: dict[str, tuple[type, ...]] = {
+    "integer": (int,), "number": (int, float), "string": (str,), "boolean": (bool,),
+    "null": (type(None),), "object": (dict, FrozenDict), "array": (list, tuple),
+}
+_EVERY_EXACT = frozenset(t for kinds in _EXACT.values() for t in kinds)
+
+
+def _compile_node(schema: object) -> tuple[_Check, frozenset[type]]:
+    """The check of ``schema``, and the exact classes of the values it admits whatever
+    they hold: an object's check does not call a field's check for those."""
     if isinstance(schema, bool):
-        return _accept if schema else _refuse_any
+        return (_accept, _EVERY_EXACT) if schema else (_refuse_any, frozenset())
     if not isinstance(schema, Mapping):
-        return _accept
+        return _accept, _EVERY_EXACT
     gates = _compile_gates(schema)
     any_of = _compile_any_of(schema["anyOf"]) if "anyOf" in schema else None
     on_object = _compile_object(schema)
     on_array = _compile_array(schema)
     on_string = _compile_string(schema)
     on_number = _compile_number(schema)
+    # The classes every gate admits whatever the value: those of the kinds a type gate
+    # names (an integer gate tests a float's value), none when there is another gate.
+    passing = _EVERY_EXACT if not gates else frozenset()
+    if len(gates) == 1 and "type" in schema:
+        passing = frozenset(t for kind in _types_of(schema) for t in _EXACT.get(kind, ()))
+    left = {str: on_string, int: on_number, float: on_number, dict: on_object,
+            FrozenDict: on_object, list: on_array, tuple: on_array}
+    sure = frozenset() if any_of is not None else frozenset(
+        t for t in passing if left.get(t) is None
+    )
 
     def check(value: object, path: str, out: list[str]) -> None:
-        for gate in gates:
-            problem = gate(value)
-            if problem is not None:
-                out.append(_at(path, problem))
-                return
+        cls = type(value)
+        if cls not in passing:
+            for gate in gates:
+                problem = gate(value)
+                if problem is not None:
+                    out.append(_at(path, problem))
+                    return
         if any_of is not None:
             any_of(value, path, out)
         # Exact JSON types first: none of them is two kinds at once, and the ABC check
         # below costs more than the rest of a small node's checking.
-        cls = type(value)
         if cls is str:
             if on_string is not None:
                 on_string(value, path, out)
@@ -566,9 +591,9 @@ def _compile(schema: object) -> _Check:
     if any_of is None and not (on_object or on_array or on_string or on_number):
         # A leaf (most of a tool's parameters): its gates alone, without the dispatch.
         if not gates:
-            return _accept
-        return _leaf(gates)
-    return check
+            return _accept, sure
+        return _leaf(gates), sure
+    return check, sure
 
 
 def _leaf(gates: list[Callable[[object], str | None]]) -> _Check:
@@ -700,7 +725,11 @@ def _compile_object(schema: Mapping[str, Any]) -> _Check | None:
     required = tuple(schema.get("required", ()))
     required_keys = frozenset(required)
     extra = schema.get("additionalProperties", True)
-    checks = {name: _compile(sub) for name, sub in properties.items()}
+    nodes = {name: _compile_node(sub) for name, sub in properties.items()}
+    checks = {name: check for name, (check, _) in nodes.items()}
+    # Per field, the exact classes its check admits whatever the value: a tool's arguments
+    # are mostly such scalars, checked with one set lookup instead of a call.
+    sure = {name: classes for name, (_, classes) in nodes.items()}
     extra_check = None if extra is False else _compile(extra)
     if not required and extra_check is _accept and all(c is _accept for c in checks.values()):
         return None
@@ -721,6 +750,8 @@ def _compile_object(schema: Mapping[str, Any]) -> _Check | None:
             cached[0], cached[1] = path, {name: _join(path, name) for name in checks}
         paths: dict[str, str] = cached[1]
         for key, item in value.items():
+            if type(item) in sure.get(key, ()):
+                continue
             sub = checks.get(key)
             if sub is not None:
                 sub(item, paths[key], out)
