@@ -150,6 +150,16 @@ async def with_tool_tasks(
             tasks.nursery = tasks.scope = None
     if failure is not None:
         try:
+            if isinstance(failure, BaseExceptionGroup) and cancel.cancel_called and (
+                trio.current_effective_deadline() != -math.inf
+            ):
+                # A nursery of the turn's own code (a hook's, an adapter's) cut short by the
+                # turn's cancel: its Cancelled leave the group, by the rule trio's scope
+                # applies to what reaches it (an outer cancel, when there is one, keeps
+                # them). Raised into the nursery, the group would come out wrapped.
+                failure = failure.split(trio.Cancelled)[1]
+                if failure is None:
+                    return None
             raise failure
         finally:
             failure = None  # the frame would hold its own traceback: a cycle per failed turn

@@ -262,6 +262,92 @@ async def test_a_disposal_that_outlasts_the_grace_still_ends_the_turn(rt, autoju
     check_log(h.agent.session.events)
 
 
+# --- a cancel reaching a nursery of the turn's own code ---------------------------------------
+# A hook or an adapter that waits in a nursery of its own, in the agent's task, sees the turn's
+# cancel come out of that nursery as a group holding Cancelled, not a bare Cancelled. The turn
+# must still end aborted (or with what else the group holds) and the agent go on.
+
+
+async def _waiting_in_a_nursery(fail_on_cancel: bool = False) -> None:
+    async def child() -> None:
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            if fail_on_cancel:
+                raise ValueError("cleanup failed") from None
+            raise
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(child)
+        await trio.sleep_forever()
+
+
+async def test_a_cancel_ending_a_hooks_own_nursery_aborts_the_turn(rt, autojump_clock) -> None:
+    rt.llm.register("scripted", ScriptedModel(["one", "two"]))
+    first: list[int] = []
+
+    async def pre_step(_: object) -> None:
+        if not first:
+            first.append(1)
+            await _waiting_in_a_nursery()
+
+    rt.events.on(ev.AgentPreStep, pre_step)
+    async with await rt.agents.create(session_id="s", agent_options=OPTIONS) as h:
+        h.agent.followup("go")
+        await trio.testing.wait_all_tasks_blocked()
+        assert h.agent.cancel()
+        await h.agent.wait_idle()
+        assert h.agent.status == "idle"
+        h.agent.followup("again")
+        await h.agent.wait_idle()
+        assert turn_ends(h.agent) == ["aborted", "completed"]
+        check_log(h.agent.session.events)
+
+
+async def test_a_cancel_ending_an_adapters_nursery_keeps_what_else_it_raised(
+    rt, autojump_clock
+) -> None:
+    calls: list[int] = []
+
+    async def stream(request: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            await _waiting_in_a_nursery(fail_on_cancel=True)
+        yield TextDelta("fine")
+        yield Finish("stop")
+
+    rt.llm.register("scripted", FunctionModel(stream))
+    async with await rt.agents.create(session_id="s", agent_options=OPTIONS) as h:
+        h.agent.followup("go")
+        await trio.testing.wait_all_tasks_blocked()
+        assert h.agent.cancel()
+        await h.agent.wait_idle()
+        h.agent.followup("again")
+        await h.agent.wait_idle()
+        # The cancel's part of the group is gone (a group of Exceptions only, then): the
+        # failure it caused is the turn's error.
+        assert turn_ends(h.agent) == ["error", "completed"]
+        assert of_type(h.agent, "turn/end")[0].data["error"]["type"] == "ExceptionGroup"
+
+
+async def test_a_disposal_within_the_grace_ends_an_adapters_nursery_quietly(
+    rt, autojump_clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def stream(request: Any) -> Any:
+        await _waiting_in_a_nursery()
+        yield Finish("stop")
+
+    rt.llm.register("scripted", FunctionModel(stream))
+    h = await rt.agents.create(session_id="s", agent_options=OPTIONS)
+    h.agent.followup("go")
+    await trio.testing.wait_all_tasks_blocked()
+    start = trio.current_time()
+    await h.aclose()
+    assert trio.current_time() == start  # no wait for the grace
+    assert turn_ends(h.agent) == ["disposed"]
+    assert "ignored disposal" not in caplog.text
+
+
 # --- a bare Agent is not a teardown capability -----------------------------------------------
 
 
