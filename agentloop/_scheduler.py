@@ -41,7 +41,7 @@ from ._services import Services
 from ._session import Session
 from ._settings import APPROVAL_TIMEOUT, MAX_PARALLEL_TOOL_CALLS
 from ._tools import Tool
-from ._util import stored_maker
+from ._util import Latch, stored_maker
 
 __all__ = [
     "run_tool_calls", "run_suspended_calls", "close_unanswered", "ToolRunner", "ToolTasks",
@@ -187,7 +187,7 @@ class _Run:
         self.deferred: list[_Slot] = []
         self.ready: deque[_Slot] = deque()  # approved, waiting for their turn to dispatch
         self.in_flight = 0
-        self.changed = trio.Event()
+        self.changed = Latch()
         self.bound: int | None = None
         self.stored = False  # the step's anchor is flushed (write-ahead of its calls)
 
@@ -520,7 +520,7 @@ class _Run:
             # Waited on about once per call: an unset event is kept, and without an approval
             # deadline there is no cancel scope to build.
             if self.changed.is_set():
-                self.changed = trio.Event()
+                self.changed = Latch()
             # Waiting only for a person: the agent counts as settled for wait_idle().
             blocked = self.parked > 0 and self._only_answers_missing()
             if blocked:
@@ -572,7 +572,7 @@ class _Run:
                 nursery.cancel_scope.cancel()  # a cancel has reached the bodies already
             with trio.CancelScope(shield=True):
                 while self.in_flight:
-                    self.changed = trio.Event()
+                    self.changed = Latch()
                     await self.changed.wait()
             self._abort_rest()
             raise
@@ -661,7 +661,7 @@ class _Run:
         for slot in slots[self.next_emit:]:
             while slot.started and not slot.finished:
                 if self.changed.is_set():
-                    self.changed = trio.Event()
+                    self.changed = Latch()
                 await self.changed.wait()
             result = slot.result
             assert result is not None
