@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import math
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final, Literal, final
 
@@ -94,8 +95,9 @@ _WAKE: Final = InboxMessage(MessageId(""), "")
 # A hibernated agent's call settings when they are those its options give.
 _CONFIGURED: Final = object()
 # The settings the options last asked for give: agents made alike share one options value,
-# and so one (immutable) config, built once.
-_last_configured: tuple[AgentOptions | None, CallConfig] = (None, CallConfig())
+# and so one (immutable) config, built once. Weakly: the options (and the classes and prompt
+# they name) are the caller's, freed with its agents.
+_last_configured: tuple[weakref.ref[AgentOptions] | None, CallConfig] = (None, CallConfig())
 
 _current: contextvars.ContextVar[Agent | None] = contextvars.ContextVar(
     "agentloop_current_agent", default=None
@@ -187,14 +189,14 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         global _last_configured
         options = self.options
         last_options, config = _last_configured
-        if last_options is not options:
+        if last_options is None or last_options() is not options:
             config = CallConfig(
                 provider=options.provider,
                 model=options.model,
                 reasoning_effort=options.reasoning_effort,
                 max_tokens=options.max_tokens,
             )
-            _last_configured = (options, config)
+            _last_configured = (weakref.ref(options), config)
         return config
 
     def _dormant_config(self) -> CallConfig | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import AsyncIterator
 
 import pytest
@@ -488,3 +490,21 @@ async def test_dispose_requested_during_the_created_notification_stays_paired(rt
         await owner.agents.create(session_id="n", agent_options=OPTIONS)
     assert order == ["created", "created-returned", "session-start", "disposed"]
     assert rt.agents.get("n") is None
+
+
+def test_an_agents_options_are_not_kept_once_its_runtime_closed() -> None:
+    """The options are the caller's (with the prompt and classes they name): nothing of the
+    runtime keeps them once their agents and the runtime are gone."""
+
+    async def main() -> weakref.ref[agentloop.AgentOptions]:
+        options = agentloop.AgentOptions(provider="scripted", model="m", system_prompt="hi")
+        async with agentloop.open_runtime() as rt:
+            rt.llm.register("scripted", ScriptedModel(["one"]))
+            async with await rt.agents.create(session_id="s", agent_options=options) as h:
+                h.agent.followup("go")
+                await h.agent.wait_idle()
+        return weakref.ref(options)
+
+    options = trio.run(main)
+    gc.collect()
+    assert options() is None
