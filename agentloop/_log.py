@@ -9,8 +9,6 @@ per-chunk builder costs one dict construction.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from typing import Final, Literal, TypedDict
 
 from ._json import JSON, FrozenDict, freeze
@@ -251,14 +249,6 @@ def text_chunk(step: int, kind: str, delta: str, *, repaired: bool = False) -> F
     if repaired:
         return FrozenDict(step=step, kind=kind, delta=delta, repaired=True)
     return FrozenDict(step=step, kind=kind, delta=delta)
-
-
-def text_chunks(step: int, kind: str) -> Callable[..., FrozenDict]:
-    """``text_chunk`` for one step and kind, called as ``make(delta=...)``: the per-chunk
-    path then builds its dict without a Python frame (the same keys, in the same order).
-    The step and kind are a dict the partial holds, not its keywords: copying a dict is
-    cheaper than merging keyword arguments on every chunk."""
-    return functools.partial(FrozenDict, {"step": step, "kind": kind})
 
 
 def tool_call_chunk(

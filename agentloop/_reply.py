@@ -340,7 +340,7 @@ async def fold_stream(
     fold = _Fold(session, turn, step, stream)
     # The per-chunk path reads locals only: the fold's lists, bound once.
     append, text_chunk, chunk_type = session.append, _log.text_chunk, _log.ASSISTANT_CHUNK
-    text_data = _log.text_chunks(step, "text")
+    write = session.text_writer(step, turn)
     text, seqs = fold.text, fold.seqs
     finish: Finish | None = None
     try:
@@ -365,7 +365,7 @@ async def fold_stream(
                     if not delta:
                         continue
                     if delta.isascii() or text_problem(delta) is None:
-                        seqs.append(append(chunk_type, text_data(delta=delta), turn).seq)
+                        seqs.append(write(delta))
                     else:
                         # A provider's lone surrogate (a JSON "\ud83d" escape) could never be
                         # stored or sent again: repaired, and the repair noted.

@@ -65,10 +65,13 @@ def validate_session_id(session_id: object, what: str = "session id") -> str:
 class LogView(Sequence[SessionEvent]):
     """A read-only live view of a session's log."""
 
-    __slots__ = ("_items",)
+    __slots__ = ("_items", "_settle")
 
-    def __init__(self, items: list[SessionEvent]) -> None:
+    def __init__(
+        self, items: list[SessionEvent | str], settle: Callable[[int], SessionEvent]
+    ) -> None:
         self._items = items
+        self._settle = settle  # the event at an index whose entry is still a chunk's text
 
     def __len__(self) -> int:
         return len(self._items)
@@ -78,10 +81,25 @@ class LogView(Sequence[SessionEvent]):
     @overload
     def __getitem__(self, i: slice) -> Sequence[SessionEvent]: ...
     def __getitem__(self, i: int | slice) -> SessionEvent | Sequence[SessionEvent]:
-        return self._items[i]
+        items, settle = self._items, self._settle
+        if isinstance(i, slice):
+            for k in range(*i.indices(len(items))):
+                if type(items[k]) is str:
+                    settle(k)
+            return cast("list[SessionEvent]", items[i])
+        entry = items[i]
+        if type(entry) is str:
+            return settle(i if i >= 0 else i + len(items))
+        return cast("SessionEvent", entry)
 
     def __iter__(self) -> Iterator[SessionEvent]:
-        return iter(self._items)
+        # Live, as a list's iterator is: it sees what is appended while it runs.
+        items, settle = self._items, self._settle
+        i = 0
+        while i < len(items):
+            entry = items[i]
+            yield settle(i) if type(entry) is str else cast("SessionEvent", entry)
+            i += 1
 
     def __repr__(self) -> str:
         return f"<LogView of {len(self._items)} events>"
@@ -153,6 +171,12 @@ class HistoryView(HistorySnapshot):
 
 
 Reducer = Callable[[list[Message], SessionEvent], None]
+
+
+def _first(run: tuple[int, int, int]) -> int:
+    return run[0]
+
+
 # Every append makes one: SessionEvent(seq, type, turn, data).
 _event = stored_maker(SessionEvent)
 # And most add a message to the history: Message(role, content, tool_calls, tool_call_id,
@@ -293,8 +317,8 @@ class Session:
 
     __slots__ = (
         "_announce", "_awaiting", "_bus", "_call_ids", "_gen", "_history", "_last_call",
-        "_listened", "_log", "_memos", "_open_turn", "_origins", "_splices", "_turn_usage",
-        "_unanswered", "_usage", "_view", "_wake", "id", "meta", "turns",
+        "_listened", "_log", "_memos", "_open_turn", "_origins", "_splices", "_text_runs",
+        "_turn_usage", "_unanswered", "_usage", "_view", "_wake", "id", "meta", "turns",
     )
 
     def __init__(self, session_id: str, meta: FrozenDict, bus: EventBus) -> None:
@@ -303,7 +327,15 @@ class Session:
         self._bus = bus
         self._listened = bus.listened()
         self._announce = bus.route(SessionEventAppended)
-        self._log: list[SessionEvent] = []
+        # An entry is its event, or only the text of an assistant/chunk of kind "text" that
+        # nothing has read yet: a step streams about ten of those, and most are never read
+        # back one by one, so the event (and its frozen data) is made when one is
+        # (``_settle``). The log's meaning does not change: seq, type, turn and data are all
+        # known from the entry's place.
+        self._log: list[SessionEvent | str] = []
+        # (first index, step, turn) of each text writer, in order: the text entries from a
+        # writer's first index on are its own, until the next writer's (made on first use).
+        self._text_runs: list[tuple[int, int, int]] | None = None
         self._history: list[Message] = []
         # What adapters keep about _history (its messages encoded), by their key: dropped
         # with each new list, so that it never outlives the history it describes.
@@ -319,7 +351,7 @@ class Session:
         self._turn_usage: dict[str, Any] = {}
         self._last_call: tuple[FrozenDict, int] | None = None
         self._open_turn: int | None = None
-        self._view = LogView(self._log)
+        self._view = LogView(self._log, self._settle)
         # Calls the model made that have no tool/result yet, with whether their tool/call is
         # logged. Kept as events arrive, so closing a turn never rescans the log.
         self._unanswered: dict[str, tuple[ToolCall, bool]] = {}
@@ -347,7 +379,48 @@ class Session:
         """The event at ``index`` (its seq minus one), or None when the log is not that long
         yet: what a reader that follows the log asks once per event."""
         log = self._log
-        return log[index] if index < len(log) else None
+        if index >= len(log):
+            return None
+        entry = log[index]
+        return self._settle(index) if type(entry) is str else cast("SessionEvent", entry)
+
+    def _settle(self, index: int) -> SessionEvent:
+        """The event of the entry at ``index`` (made, and kept in the entry's place, when the
+        entry is a chunk's text)."""
+        log = self._log
+        entry = log[index]
+        if type(entry) is not str:
+            return cast("SessionEvent", entry)
+        runs = self._text_runs
+        assert runs is not None  # a text entry comes from a writer, which notes its run
+        _, step, turn = runs[bisect_right(runs, index, key=_first) - 1]
+        event = _event(index + 1, _log.ASSISTANT_CHUNK, turn, _log.text_chunk(step, "text", entry))
+        log[index] = event
+        return event
+
+    def text_writer(self, step: int, turn: int) -> Callable[[str], int]:
+        """The writer of ``step``'s streamed text: each call appends one ``assistant/chunk``
+        of kind "text" with that delta (already checked as storable) and returns its seq.
+
+        While nothing listens to appends, an entry is kept as the delta alone and its event
+        is made when something reads it (``_settle``): the same event, by then.
+        """
+        runs = self._text_runs
+        if runs is None:
+            runs = self._text_runs = []
+        runs.append((len(self._log), step, turn))
+        return self._append_text
+
+    def _append_text(self, delta: str) -> int:
+        log = self._log
+        log.append(delta)
+        if SessionEventAppended in self._listened:
+            self._announce.publish(_appended(self.id, self._settle(len(log) - 1)))
+        wake = self._wake
+        if wake is not None:
+            self._wake = None  # once: a reader that parks again sets it again
+            wake()
+        return len(log)
 
     def wake_at_next_append(self, hook: Callable[[], None] | None) -> None:
         """Call ``hook`` once, at the next append (None: call none). One hook at a time:
@@ -363,6 +436,8 @@ class Session:
         """The number of the turn the log leaves open (a crash's, before it is closed or
         taken up), or None. Read back from the end: a closed log ends near its turn/end."""
         for event in reversed(self._log):
+            if isinstance(event, str):
+                continue  # a chunk's text
             if event.type == _log.TURN_END:
                 return None
             if event.type == _log.TURN_START:

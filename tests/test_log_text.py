@@ -1,0 +1,225 @@
+"""A step's streamed text kept as text in the log until something reads it.
+
+A session keeps each ``assistant/chunk`` of kind "text" as its delta alone while nothing
+listens to appends, and makes the event when the entry is read. Every way of reading the
+log must give the event an eager log would have held, whenever it reads and whatever else
+was appended between: a property drives a session directly, against a plain list of the
+events an eager log holds; the turns below it go through a real agent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import agentloop
+from agentloop import FrozenDict, SessionEvent
+from agentloop._bus import EventBus
+from agentloop._session import Session
+from agentloop.events import SessionEventAppended
+from agentloop.llm import LLMRequest
+from agentloop.testing import Finish, FunctionModel, TextDelta, ToolCallDelta
+
+CHUNK = "assistant/chunk"
+
+
+def text_event(seq: int, turn: int, step: int, delta: str) -> SessionEvent:
+    return SessionEvent(seq, CHUNK, turn, FrozenDict(step=step, kind="text", delta=delta))
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("writer"), st.integers(1, 4), st.integers(1, 3)),
+        st.tuples(st.just("text"), st.text(min_size=1, max_size=3)),
+        st.tuples(st.just("other"), st.sampled_from(["turn/start", "turn/end", "request/header"])),
+        st.tuples(st.just("read"), st.integers(-40, 40)),
+        st.tuples(st.just("slice"), st.integers(-40, 40), st.integers(-40, 40),
+                  st.sampled_from([None, 1, 2, -1, -3])),
+        st.tuples(st.just("event_at"), st.integers(0, 40)),
+        st.tuples(st.just("iterate"),),
+        st.tuples(st.just("open_turn"),),
+        st.tuples(st.just("listen"), st.booleans()),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops)
+def test_every_read_of_the_log_gives_the_events_an_eager_log_holds(
+    script: list[tuple[Any, ...]],
+) -> None:
+    bus = EventBus()
+    session = Session("s", FrozenDict(), bus)
+    published: list[SessionEvent] = []
+    stop: Any = None
+    want: list[SessionEvent] = []  # what a log that made every event at once would hold
+    write = None
+    step = turn = 0
+    open_turn: int | None = None
+    for op in script:
+        kind = op[0]
+        if kind == "writer":
+            _, step, turn = op
+            write = session.text_writer(step, turn)
+        elif kind == "text" and write is not None:
+            assert write(op[1]) == len(want) + 1
+            want.append(text_event(len(want) + 1, turn, step, op[1]))
+        elif kind == "other":
+            t = op[1]
+            n = len(want) + 1
+            data = FrozenDict(turn=n) if t.startswith("turn/") else FrozenDict(step=step)
+            assert session.append(t, data, n) == SessionEvent(n, t, n, data)
+            want.append(SessionEvent(n, t, n, data))
+            if t == "turn/start":
+                open_turn = n
+            elif t == "turn/end":
+                open_turn = None
+        elif kind == "read":
+            i = op[1]
+            if -len(want) <= i < len(want):
+                assert session.events[i] == want[i]
+        elif kind == "slice":
+            s = slice(op[1], op[2], op[3])
+            assert list(session.events[s]) == want[s]
+        elif kind == "event_at":
+            i = op[1]
+            assert session.event_at(i) == (want[i] if i < len(want) else None)
+        elif kind == "iterate":
+            assert list(session.events) == want
+        elif kind == "open_turn":
+            assert session.open_turn() == open_turn
+        elif kind == "listen":
+            if op[1] and stop is None:
+                stop = bus.on(SessionEventAppended, lambda e: published.append(e.event))
+            elif not op[1] and stop is not None:
+                stop()
+                stop = None
+        assert len(session.events) == session.last_seq == len(want)
+    assert list(session.events) == want
+    # What was published while something listened is the log's own event, not a copy.
+    for event in published:
+        assert session.events[event.seq - 1] is event
+    # A read keeps the event it made: a second read gives the same object.
+    assert all(a is b for a, b in zip(session.events, session.events, strict=True))
+
+
+def test_a_log_read_while_it_grows_sees_the_appends_that_follow() -> None:
+    session = Session("s", FrozenDict(), EventBus())
+    write = session.text_writer(1, 1)
+    write("a")
+    seen = []
+    for event in session.events:
+        seen.append(event)
+        if len(seen) == 1:
+            write("b")
+    assert seen == [text_event(1, 1, 1, "a"), text_event(2, 1, 1, "b")]
+
+
+def model_of(chunks: list[str], reads: list[list[SessionEvent]]) -> FunctionModel:
+    """Streams ``chunks`` then a tool call on the first step and ``chunks`` on the second,
+    reading the whole log back after every other chunk."""
+
+    async def stream(request: LLMRequest) -> AsyncIterator[Any]:
+        await trio.lowlevel.checkpoint()
+        for i, c in enumerate(chunks):
+            if i % 2:
+                reads.append(list(session_of[0].events))
+            yield TextDelta(c)
+        if request.step == 1:
+            yield ToolCallDelta(0, id=f"call_{request.step}", name="add", arguments='{"a": 1}')
+            yield Finish("tool_calls")
+        else:
+            yield Finish("stop")
+
+    session_of: list[Any] = []
+    model = FunctionModel(stream)
+    model.session_of = session_of  # type: ignore[attr-defined]
+    return model
+
+
+async def add(a: int) -> int:
+    """Add one.
+
+    Args:
+        a: the number.
+    """
+    return a + 1
+
+
+async def run_turn(
+    rt: agentloop.Context, session_id: str, *, subscribe_after: int | None
+) -> tuple[list[SessionEvent], list[SessionEvent], list[list[SessionEvent]]]:
+    """One two-step turn; a subscriber joins after ``subscribe_after`` events (None: none).
+    Returns the log, what the subscriber received, and the model's reads of the log."""
+    reads: list[list[SessionEvent]] = []
+    chunks = ["tok0 ", "t\u00e9 ", "\U0001f600", "tok3 ", "tok4 "]
+    model = model_of(chunks, reads)
+    rt.llm.register(session_id, model)
+    handle = await rt.agents.create(
+        session_id=session_id, agent_options=agentloop.AgentOptions(provider=session_id, model="m")
+    )
+    model.session_of.append(handle.agent.session)  # type: ignore[attr-defined]
+    received: list[SessionEvent] = []
+    async with handle, trio.open_nursery() as nursery:
+        if subscribe_after is not None:
+
+            async def subscriber(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+                session = handle.agent.session
+                while len(session.events) < subscribe_after:
+                    await trio.lowlevel.checkpoint()
+                async with rt.events.subscribe(SessionEventAppended) as rx:
+                    task_status.started()
+                    async for e in rx:
+                        received.append(e.event)
+                        if e.event.type == "turn/end":
+                            return
+
+            nursery.start_soon(subscriber)
+        with trio.fail_after(10):
+            handle.agent.followup("go")
+            await handle.agent.wait_idle()
+        log = list(handle.agent.session.events)
+    return log, received, reads
+
+
+async def test_a_turns_log_is_the_same_read_late_read_early_or_published(
+    rt: agentloop.Context,
+) -> None:
+    rt.tools.tool(add, concurrency="parallel")
+    quiet, _, reads = await run_turn(rt, "quiet", subscribe_after=None)
+    assert [e.type for e in quiet].count(CHUNK) == 11  # ten of text, one of the call
+    # Every read the model made mid-stream is a prefix of the final log.
+    assert reads and all(r == quiet[: len(r)] for r in reads)
+    for join in (0, 5, 12):
+        heard, received, _ = await run_turn(rt, f"heard{join}", subscribe_after=join)
+        # Only the session ids differ between the runs: compare what the log says.
+        assert [(e.seq, e.type, e.turn) for e in heard] == [(e.seq, e.type, e.turn) for e in quiet]
+        assert [e.data.get("delta") for e in heard] == [e.data.get("delta") for e in quiet]
+        assert received == heard[len(heard) - len(received):]
+        assert received[-1].type == "turn/end"
+    anchor = next(e for e in quiet if e.type == "assistant/message")
+    sources = [quiet[s - 1] for s in anchor.data["source_event_seqs"]]
+    assert "".join(e.data["delta"] for e in sources if e.data["kind"] == "text") == (
+        anchor.data["content"]
+    )
+
+
+def test_a_turn_with_a_text_chunk_open_at_a_crash_point_is_found() -> None:
+    """``open_turn`` reads back over text entries to the turn they are in."""
+    from agentloop._session import crash_point
+
+    bus = EventBus()
+    session = Session("crash", FrozenDict(), bus)
+    session.append("turn/start", FrozenDict(turn=1), 1)
+    session.append("user/message", FrozenDict(message_id="m", content="go", source=None), 1)
+    write = session.text_writer(1, 1)
+    write("half an ans")
+    assert session.open_turn() == 1
+    point = crash_point(session)
+    assert point is not None and point.turn == 1
+    assert [e.data["delta"] for e in point.cut] == ["half an ans"]
