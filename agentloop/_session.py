@@ -10,6 +10,7 @@ replacement finds the messages its seqs produced.
 
 from __future__ import annotations
 
+import functools
 import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
@@ -317,8 +318,9 @@ class Session:
 
     __slots__ = (
         "_announce", "_awaiting", "_bus", "_call_ids", "_gen", "_history", "_last_call",
-        "_listened", "_log", "_memos", "_open_turn", "_origins", "_splices", "_text_runs",
-        "_turn_usage", "_unanswered", "_usage", "_view", "_wake", "id", "meta", "turns",
+        "_listened", "_log", "_memos", "_open_turn", "_origins", "_splices", "_text_data",
+        "_text_runs", "_text_turn", "_turn_usage", "_unanswered", "_usage", "_view", "_wake",
+        "id", "meta", "turns",
     )
 
     def __init__(self, session_id: str, meta: FrozenDict, bus: EventBus) -> None:
@@ -336,6 +338,9 @@ class Session:
         # (first index, step, turn) of each text writer, in order: the text entries from a
         # writer's first index on are its own, until the next writer's (made on first use).
         self._text_runs: list[tuple[int, int, int]] | None = None
+        # The last writer's data maker and turn, for an entry made at once (a listener).
+        self._text_data: Callable[..., FrozenDict] | None = None
+        self._text_turn = 0
         self._history: list[Message] = []
         # What adapters keep about _history (its messages encoded), by their key: dropped
         # with each new list, so that it never outlives the history it describes.
@@ -409,13 +414,20 @@ class Session:
         if runs is None:
             runs = self._text_runs = []
         runs.append((len(self._log), step, turn))
+        # The step and kind are a dict the partial holds: copying it is cheaper than
+        # merging keyword arguments on every chunk (the same keys, in the same order).
+        self._text_data = functools.partial(FrozenDict, {"step": step, "kind": "text"})
+        self._text_turn = turn
         return self._append_text
 
     def _append_text(self, delta: str) -> int:
+        if SessionEventAppended in self._listened:
+            # A listener takes every event as it is appended: made now, as any other is.
+            make = self._text_data
+            assert make is not None
+            return self.append(_log.ASSISTANT_CHUNK, make(delta=delta), self._text_turn).seq
         log = self._log
         log.append(delta)
-        if SessionEventAppended in self._listened:
-            self._announce.publish(_appended(self.id, self._settle(len(log) - 1)))
         wake = self._wake
         if wake is not None:
             self._wake = None  # once: a reader that parks again sets it again
