@@ -421,13 +421,17 @@ class Session:
         return self._append_text
 
     def _append_text(self, delta: str) -> int:
+        log = self._log
         if SessionEventAppended in self._listened:
-            # A listener takes every event as it is appended: made now, as any other is.
+            # A listener takes every event as it is appended: made now, as any other is
+            # (what ``append`` does for a chunk, without its call).
             make = self._text_data
             assert make is not None
-            return self.append(_log.ASSISTANT_CHUNK, make(delta=delta), self._text_turn).seq
-        log = self._log
-        log.append(delta)
+            event = _event(len(log) + 1, _log.ASSISTANT_CHUNK, self._text_turn, make(delta=delta))
+            log.append(event)
+            self._announce.publish(_appended(self.id, event))
+        else:
+            log.append(delta)
         wake = self._wake
         if wake is not None:
             self._wake = None  # once: a reader that parks again sets it again
