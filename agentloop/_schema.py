@@ -27,7 +27,7 @@ import types
 import typing
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Annotated, Any, Literal, NoReturn, Union, get_args, get_origin
+from typing import Annotated, Any, Final, Literal, NoReturn, Union, get_args, get_origin
 
 import attrs
 
@@ -66,6 +66,9 @@ _KINDS: tuple[tuple[type | tuple[type, ...], str], ...] = (
 )  # fmt: skip
 
 
+_ABSENT: Final = object()
+
+
 @attrs.frozen
 class FunctionDescription:
     """What a model needs to call a function, and how to turn its JSON back into arguments.
@@ -98,12 +101,14 @@ class FunctionDescription:
     def to_call_kwargs(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
         """Keyword arguments for the function from arguments that passed validation."""
         coercers = self._coercers
-        if not coercers:
-            return dict(arguments)
-        return {
-            key: coercer(value) if (coercer := coercers.get(key)) is not None else value
-            for key, value in arguments.items()
-        }
+        kwargs = dict(arguments)
+        for key, coercer in coercers.items():
+            value = kwargs.get(key, _ABSENT)
+            # An int parameter's value is nearly always an int already, which its coercer
+            # (``_int_value``) returns as is: the call is skipped for it.
+            if value is not _ABSENT and not (coercer is _int_value and type(value) is int):
+                kwargs[key] = coercer(value)
+        return kwargs
 
 
 # --- schemas ---------------------------------------------------------------------------
