@@ -240,10 +240,13 @@ class _Fold:
             acc.id = acc.id or call_id
             acc.name = acc.name or name
         acc.fragments.append(fragment)
-        chunk = _log.tool_call_chunk(
-            self.step, part.index, call_id, name, fragment, repaired=repaired
-        )
-        seq = self.session.append(_log.ASSISTANT_CHUNK, chunk, self.turn).seq
+        if repaired:
+            chunk = _log.tool_call_chunk(
+                self.step, part.index, call_id, name, fragment, repaired=True
+            )
+            seq = self.session.append(_log.ASSISTANT_CHUNK, chunk, self.turn).seq
+        else:
+            seq = self.session.append_call_chunk(part.index, call_id, name, fragment)
         self.seqs.append(seq)
         self.calls_at.append(seq)
 

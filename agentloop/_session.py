@@ -63,16 +63,20 @@ def validate_session_id(session_id: object, what: str = "session id") -> str:
     return session_id
 
 
+# A log entry: an event, or the parts of a chunk not read yet (Session._log).
+_Entry = SessionEvent | str | tuple[int, str | None, str | None, str]
+
+
 class LogView(Sequence[SessionEvent]):
     """A read-only live view of a session's log."""
 
     __slots__ = ("_items", "_settle")
 
     def __init__(
-        self, items: list[SessionEvent | str], settle: Callable[[int], SessionEvent]
+        self, items: list[_Entry], settle: Callable[[int], SessionEvent]
     ) -> None:
         self._items = items
-        self._settle = settle  # the event at an index whose entry is still a chunk's text
+        self._settle = settle  # the event at an index whose entry is still a chunk's parts
 
     def __len__(self) -> int:
         return len(self._items)
@@ -85,11 +89,13 @@ class LogView(Sequence[SessionEvent]):
         items, settle = self._items, self._settle
         if isinstance(i, slice):
             for k in range(*i.indices(len(items))):
-                if type(items[k]) is str:
+                cls = type(items[k])
+                if cls is str or cls is tuple:
                     settle(k)
             return cast("list[SessionEvent]", items[i])
         entry = items[i]
-        if type(entry) is str:
+        cls = type(entry)
+        if cls is str or cls is tuple:
             return settle(i if i >= 0 else i + len(items))
         return cast("SessionEvent", entry)
 
@@ -99,7 +105,8 @@ class LogView(Sequence[SessionEvent]):
         i = 0
         while i < len(items):
             entry = items[i]
-            yield settle(i) if type(entry) is str else cast("SessionEvent", entry)
+            cls = type(entry)
+            yield settle(i) if cls is str or cls is tuple else cast("SessionEvent", entry)
             i += 1
 
     def __repr__(self) -> str:
@@ -329,13 +336,14 @@ class Session:
         self._bus = bus
         self._listened = bus.listened()
         self._announce = bus.route(SessionEventAppended)
-        # An entry is its event, or only the text of an assistant/chunk of kind "text" that
-        # nothing has read yet: a step streams about ten of those, and most are never read
-        # back one by one, so the event (and its frozen data) is made when one is
+        # An entry is its event, or only the parts of an assistant/chunk that nothing has
+        # read yet: the text of one of kind "text", or (index, id, name, arguments) of one
+        # of kind "tool_call". A step streams about eleven of those, and most are never
+        # read back one by one, so the event (and its frozen data) is made when one is
         # (``_settle``). The log's meaning does not change: seq, type, turn and data are all
-        # known from the entry's place.
-        self._log: list[SessionEvent | str] = []
-        # (first index, step, turn) of each text writer, in order: the text entries from a
+        # known from the entry and its place.
+        self._log: list[_Entry] = []
+        # (first index, step, turn) of each chunk writer, in order: the chunk entries from a
         # writer's first index on are its own, until the next writer's (made on first use).
         self._text_runs: list[tuple[int, int, int]] | None = None
         # The last writer's data maker and turn, for an entry made at once (a listener).
@@ -387,25 +395,35 @@ class Session:
         if index >= len(log):
             return None
         entry = log[index]
-        return self._settle(index) if type(entry) is str else cast("SessionEvent", entry)
+        cls = type(entry)
+        return self._settle(index) if cls is str or cls is tuple else cast("SessionEvent", entry)
 
     def _settle(self, index: int) -> SessionEvent:
         """The event of the entry at ``index`` (made, and kept in the entry's place, when the
-        entry is a chunk's text)."""
+        entry is a chunk's parts)."""
         log = self._log
         entry = log[index]
-        if type(entry) is not str:
+        if type(entry) is str:
+            data = None
+        elif type(entry) is tuple:
+            data = entry
+        else:
             return cast("SessionEvent", entry)
         runs = self._text_runs
-        assert runs is not None  # a text entry comes from a writer, which notes its run
+        assert runs is not None  # a chunk entry comes from a writer, which notes its run
         _, step, turn = runs[bisect_right(runs, index, key=_first) - 1]
-        event = _event(index + 1, _log.ASSISTANT_CHUNK, turn, _log.text_chunk(step, "text", entry))
+        if data is None:
+            chunk = _log.text_chunk(step, "text", cast("str", entry))
+        else:
+            chunk = _log.tool_call_chunk(step, *data)
+        event = _event(index + 1, _log.ASSISTANT_CHUNK, turn, chunk)
         log[index] = event
         return event
 
     def text_writer(self, step: int, turn: int) -> Callable[[str], int]:
         """The writer of ``step``'s streamed text: each call appends one ``assistant/chunk``
         of kind "text" with that delta (already checked as storable) and returns its seq.
+        It also makes ``step`` the one :meth:`append_call_chunk` writes for.
 
         While nothing listens to appends, an entry is kept as the delta alone and its event
         is made when something reads it (``_settle``): the same event, by then.
@@ -438,6 +456,25 @@ class Session:
             wake()
         return len(log)
 
+    def append_call_chunk(
+        self, index: int, call_id: str | None, name: str | None, arguments: str
+    ) -> int:
+        """Append one ``assistant/chunk`` of kind "tool_call" (parts already checked as
+        storable) for the step of the last :meth:`text_writer`; returns its seq. Kept as
+        its parts until read, as a text chunk is."""
+        runs = self._text_runs
+        assert runs is not None
+        log = self._log
+        if SessionEventAppended in self._listened:
+            chunk = _log.tool_call_chunk(runs[-1][1], index, call_id, name, arguments)
+            return self.append(_log.ASSISTANT_CHUNK, chunk, self._text_turn).seq
+        log.append((index, call_id, name, arguments))
+        wake = self._wake
+        if wake is not None:
+            self._wake = None
+            wake()
+        return len(log)
+
     def wake_at_next_append(self, hook: Callable[[], None] | None) -> None:
         """Call ``hook`` once, at the next append (None: call none). One hook at a time:
         the readers of one session share it."""
@@ -452,8 +489,8 @@ class Session:
         """The number of the turn the log leaves open (a crash's, before it is closed or
         taken up), or None. Read back from the end: a closed log ends near its turn/end."""
         for event in reversed(self._log):
-            if isinstance(event, str):
-                continue  # a chunk's text
+            if isinstance(event, (str, tuple)):
+                continue  # a chunk's parts
             if event.type == _log.TURN_END:
                 return None
             if event.type == _log.TURN_START:

@@ -1,7 +1,8 @@
-"""A step's streamed text kept as text in the log until something reads it.
+"""A step's streamed chunks kept as their parts in the log until something reads them.
 
-A session keeps each ``assistant/chunk`` of kind "text" as its delta alone while nothing
-listens to appends, and makes the event when the entry is read. Every way of reading the
+A session keeps each ``assistant/chunk`` of kind "text" as its delta alone, and each of
+kind "tool_call" as its four parts, while nothing listens to appends, and makes the event
+when the entry is read. Every way of reading the
 log must give the event an eager log would have held, whenever it reads and whatever else
 was appended between: a property drives a session directly, against a plain list of the
 events an eager log holds; the turns below it go through a real agent.
@@ -31,10 +32,22 @@ def text_event(seq: int, turn: int, step: int, delta: str) -> SessionEvent:
     return SessionEvent(seq, CHUNK, turn, FrozenDict(step=step, kind="text", delta=delta))
 
 
+def call_event(
+    seq: int, turn: int, step: int, parts: tuple[int, str | None, str | None, str]
+) -> SessionEvent:
+    index, call_id, name, arguments = parts
+    delta = FrozenDict(index=index, id=call_id, name=name, arguments=arguments)
+    return SessionEvent(seq, CHUNK, turn, FrozenDict(step=step, kind="tool_call", delta=delta))
+
+
 ops = st.lists(
     st.one_of(
         st.tuples(st.just("writer"), st.integers(1, 4), st.integers(1, 3)),
         st.tuples(st.just("text"), st.text(min_size=1, max_size=3)),
+        st.tuples(st.just("call"), st.tuples(
+            st.integers(0, 2), st.none() | st.just("call_1"), st.none() | st.just("add"),
+            st.sampled_from(["", '{"a"', ": 1}", "{}"]),
+        )),
         st.tuples(st.just("other"), st.sampled_from(["turn/start", "turn/end", "request/header"])),
         st.tuples(st.just("read"), st.integers(-40, 40)),
         st.tuples(st.just("slice"), st.integers(-40, 40), st.integers(-40, 40),
@@ -69,6 +82,9 @@ def test_every_read_of_the_log_gives_the_events_an_eager_log_holds(
         elif kind == "text" and write is not None:
             assert write(op[1]) == len(want) + 1
             want.append(text_event(len(want) + 1, turn, step, op[1]))
+        elif kind == "call" and write is not None:
+            assert session.append_call_chunk(*op[1]) == len(want) + 1
+            want.append(call_event(len(want) + 1, turn, step, op[1]))
         elif kind == "other":
             t = op[1]
             n = len(want) + 1
