@@ -842,9 +842,9 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                     turn.output = spec
         try:
             # The turn's cancel scope is its tool nursery's: None when its cancel ended it.
-            turn.reason = await with_tool_tasks(self._runner, cancel, lambda: self._run_turn(
-                turn, claimed, resuming=resuming, going_on=going_on
-            ))
+            turn.reason = await with_tool_tasks(
+                self._runner, cancel, self._run_turn, turn, claimed, resuming, going_on
+            )
         except Exception as exc:  # noqa: BLE001 - a failing hook ends the turn, not the loop
             turn.reason, turn.error = "error", exc
             log.warning("agent %s: turn %d failed: %r", self.id, turn.number, exc)
@@ -926,8 +926,8 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                 self._services.emit(SessionPersistenceFailed(self.id, seq, str(exc)))
 
     async def _run_turn(
-        self, turn: _Turn, claimed: tuple[InboxMessage, ...], *, resuming: bool = False,
-        going_on: Continuation | None = None,
+        self, turn: _Turn, claimed: tuple[InboxMessage, ...], resuming: bool,
+        going_on: Continuation | None,
     ) -> str:
         bus, runner = self._services.bus, self._runner
         step = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Callable
 from typing import Final
 
@@ -36,6 +37,11 @@ class Registration:
     schemaless: set[str | None] = attrs.field(factory=set, repr=False)
     """The models of this route whose server refused a JSON-schema response format (filled
     as calls find out; a new registration starts empty)."""
+    guard: Callable[[Exception], ProviderError] = attrs.field(init=False, repr=False)
+    """What a failure of the adapter's stream is raised as (made once: a step asks for it)."""
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "guard", functools.partial(_adapter_failure, self.adapter))
 
 
 @quick_init
@@ -115,8 +121,7 @@ class PreparedCall:
         else:
             if adapter._raises_provider_errors:
                 return stream, None
-            # Named only when a failure needs it: the name is a string built per call.
-            return stream, lambda exc: _adapter_error(exc, _where(adapter))
+            return stream, self.registration.guard
         raise failure
 
 
@@ -208,6 +213,11 @@ def _adapter_error(exc: Exception, where: str) -> ProviderError:
     error = ProviderError(f"{where} failed: {type(exc).__name__}: {exc}", code="adapter_error")
     error.__cause__ = exc
     return error
+
+
+def _adapter_failure(adapter: object, exc: Exception) -> ProviderError:
+    # The adapter is named only when a failure needs it: the name is a string built per call.
+    return _adapter_error(exc, _where(adapter))
 
 
 def _where(adapter: object) -> str:

@@ -342,7 +342,6 @@ async def fold_stream(
     """
     fold = _Fold(session, turn, step, stream)
     # The per-chunk path reads locals only: the fold's lists, bound once.
-    append, text_chunk, chunk_type = session.append, _log.text_chunk, _log.ASSISTANT_CHUNK
     write = session.text_writer(step, turn)
     text, seqs = fold.text, fold.seqs
     finish: Finish | None = None
@@ -373,8 +372,8 @@ async def fold_stream(
                         # A provider's lone surrogate (a JSON "\ud83d" escape) could never be
                         # stored or sent again: repaired, and the repair noted.
                         delta = repair_text(delta)
-                        chunk = text_chunk(step, "text", delta, repaired=True)
-                        seqs.append(append(chunk_type, chunk, turn).seq)
+                        chunk = _log.text_chunk(step, "text", delta, repaired=True)
+                        seqs.append(session.append(_log.ASSISTANT_CHUNK, chunk, turn).seq)
                     text.append(delta)
                 elif cls is ReasoningDelta:
                     fold.reasoning(part)

@@ -212,6 +212,7 @@ class Requests:
         system = planned.system
         if planned.templated and config is not planned.config:
             system = self._render(planned.template, config)
+        session, messages = self._session, planned.messages
         effective = prepared.config
         route = (effective.provider, effective.model)
         sent = self._sent
@@ -222,56 +223,47 @@ class Requests:
         # in the header, and a cancel while waiting takes no slot.
         release, queued = await self._services.limits.acquire(*route)
         try:
-            return await self._send(
-                turn, step, planned, prepared, spec, after, system, before, queued
+            # One frame with the wait for the slot: the step's await chain, which every
+            # suspension and resumption of the actor passes through, is a level shorter.
+            config_json = self._config_json
+            if config_json is None or config_json[0] is not effective:
+                config_json = self._config_json = (effective, effective.to_json())
+            session.append(
+                _log.REQUEST_HEADER,
+                _log.request_header(
+                    step, config_json[1], prepared.adapter_defaults,
+                    messages=len(messages),
+                    cache_prefix=0 if before is None else session.common_prefix(before, messages),
+                    rewritten=messages is not planned.history,
+                    after_error=after,
+                    queued_seconds=queued,
+                ),
+                turn,
+            )
+            sent[route] = messages
+            native = spec is not None and prepared.native_output
+            request = _request_of(
+                system,
+                messages,
+                planned.specs if spec is None or native else (*planned.specs, spec.tool()),
+                effective,
+                self._agent_id,  # session_id
+                turn,
+                step,
+                spec.schema if spec is not None and native else None,  # output_schema
+                spec.name if spec is not None else "output",  # output_name
+            )
+            stream, guard = await prepared.serve(request, agent_id=self._agent_id)
+            judge = None if spec is None else functools.partial(check_output, spec, native)
+            prices = self._services.prices
+            cost = None if not prices.prices else functools.partial(
+                prices.priced, effective.provider, effective.model
+            )
+            return await fold_stream(
+                session, turn, step, stream, judge, failure=guard, cost=cost
             )
         finally:
             release()
-
-    async def _send(
-        self, turn: int, step: int, planned: _Planned, prepared: PreparedCall,
-        spec: OutputSpec | None, after: FrozenDict | None, system: str,
-        before: Sequence[Message] | None, queued: float | None,
-    ) -> StepOutcome:
-        session, messages = self._session, planned.messages
-        effective = prepared.config
-        route = (effective.provider, effective.model)
-        config_json = self._config_json
-        if config_json is None or config_json[0] is not effective:
-            config_json = self._config_json = (effective, effective.to_json())
-        session.append(
-            _log.REQUEST_HEADER,
-            _log.request_header(
-                step, config_json[1], prepared.adapter_defaults,
-                messages=len(messages),
-                cache_prefix=0 if before is None else session.common_prefix(before, messages),
-                rewritten=messages is not planned.history,
-                after_error=after,
-                queued_seconds=queued,
-            ),
-            turn,
-        )
-        assert self._sent is not None
-        self._sent[route] = messages
-        native = spec is not None and prepared.native_output
-        request = _request_of(
-            system,
-            messages,
-            planned.specs if spec is None or native else (*planned.specs, spec.tool()),
-            effective,
-            self._agent_id,  # session_id
-            turn,
-            step,
-            spec.schema if spec is not None and native else None,  # output_schema
-            spec.name if spec is not None else "output",  # output_name
-        )
-        stream, guard = await prepared.serve(request, agent_id=self._agent_id)
-        judge = None if spec is None else functools.partial(check_output, spec, native)
-        prices = self._services.prices
-        cost = None if not prices.prices else functools.partial(
-            prices.priced, effective.provider, effective.model
-        )
-        return await fold_stream(session, turn, step, stream, judge, failure=guard, cost=cost)
 
 
 def _check_route(config: CallConfig) -> None:

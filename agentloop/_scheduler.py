@@ -122,11 +122,13 @@ class ToolRunner:
 
 
 async def with_tool_tasks(
-    runner: ToolRunner, cancel: TurnCancel, body: Callable[[], Awaitable[_T]]
+    runner: ToolRunner, cancel: TurnCancel, body: Callable[..., Awaitable[_T]], *args: Any
 ) -> _T | None:
-    """Run ``body`` (a turn) with one nursery for all its steps' tool tasks, whose cancel
-    scope is the turn's: ``cancel`` cancels the body and the tasks together. Returns what
-    ``body`` returns, or None when the turn's cancel ended it.
+    """Run ``body(*args)`` (a turn) with one nursery for all its steps' tool tasks, whose
+    cancel scope is the turn's: ``cancel`` cancels the body and the tasks together. Returns
+    what ``body`` returns, or None when the turn's cancel ended it. (The arguments are
+    passed through rather than bound in a closure: one tuple a turn, not a function and a
+    cell per variable.)
 
     A nursery per step cost a scope, a schedule point at its exit and a wake-up; the steps
     still wait for every task they start (``_Run.run``). What ``body`` raises (a cancel
@@ -139,7 +141,7 @@ async def with_tool_tasks(
         cancel.carry_out(nursery.cancel_scope)
         tasks.nursery, tasks.scope = nursery, cancel
         try:
-            value = await body()
+            value = await body(*args)
         except trio.Cancelled:
             # To the nursery: its scope catches the turn's own cancel, as trio decides, and
             # lets an outer one (disposal's grace running out) through.

@@ -432,9 +432,7 @@ class Session:
         if runs is None:
             runs = self._text_runs = []
         runs.append((len(self._log), step, turn))
-        # The step and kind are a dict the partial holds: copying it is cheaper than
-        # merging keyword arguments on every chunk (the same keys, in the same order).
-        self._text_data = functools.partial(FrozenDict, {"step": step, "kind": "text"})
+        self._text_data = None  # made by the first chunk a listener takes
         self._text_turn = turn
         return self._append_text
 
@@ -444,7 +442,14 @@ class Session:
             # A listener takes every event as it is appended: made now, as any other is
             # (what ``append`` does for a chunk, without its call).
             make = self._text_data
-            assert make is not None
+            if make is None:
+                runs = self._text_runs
+                assert runs is not None
+                # The step and kind are a dict the partial holds: copying it is cheaper than
+                # merging keyword arguments on every chunk (the same keys, in the same order).
+                make = self._text_data = functools.partial(
+                    FrozenDict, {"step": runs[-1][1], "kind": "text"}
+                )
             event = _event(len(log) + 1, _log.ASSISTANT_CHUNK, self._text_turn, make(delta=delta))
             log.append(event)
             self._announce.publish(_appended(self.id, event))
