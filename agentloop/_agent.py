@@ -14,7 +14,7 @@ import contextvars
 import logging
 import math
 import weakref
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Final, Literal, final
 
 import attrs
@@ -618,7 +618,9 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
     async def _close_scope(self) -> None:
         self._stop()
         with trio.move_on_after(CLOSE_GRACE, shield=True):
-            await self._flush(self.session.last_seq)
+            pending = self._flush(self.session.last_seq)
+            if pending is not None:
+                await pending
             await self._life.close_scope()
 
     async def _drive(self) -> bool:
@@ -908,22 +910,29 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         if not (bus.has_handlers(SessionFlush) or bus.has_listeners(AgentTurnEnd)):
             return  # nothing to wait for: no store to flush, nobody told of the end
         with trio.move_on_after(CLOSE_GRACE, shield=True):
-            await self._flush(end.seq)
+            pending = self._flush(end.seq)
+            if pending is not None:
+                await pending
             if bus.has_listeners(AgentTurnEnd):
                 try:
                     await bus.emit(AgentTurnEnd(self.id, turn.number, turn.reason or ""))
                 except Exception:
                     log.exception("agent %s: an agent/turn-end handler failed", self.id)
 
-    async def _flush(self, seq: int) -> None:
-        bus = self._services.bus
-        if bus.has_handlers(SessionFlush):
-            try:
-                await bus.emit(SessionFlush(self.id, seq))
-            except Exception as exc:
-                # The store keeps what it can and says so; the session's owner hears it here.
-                log.exception("agent %s: flushing up to seq %d failed", self.id, seq)
-                self._services.emit(SessionPersistenceFailed(self.id, seq, str(exc)))
+    def _flush(self, seq: int) -> Awaitable[None] | None:
+        """The commit of the log up to ``seq`` to await, or None without a store: a tool
+        step asks for one, and most runtimes have nothing to commit to."""
+        if self._services.bus.has_handlers(SessionFlush):
+            return self._flush_now(seq)
+        return None
+
+    async def _flush_now(self, seq: int) -> None:
+        try:
+            await self._services.bus.emit(SessionFlush(self.id, seq))
+        except Exception as exc:
+            # The store keeps what it can and says so; the session's owner hears it here.
+            log.exception("agent %s: flushing up to seq %d failed", self.id, seq)
+            self._services.emit(SessionPersistenceFailed(self.id, seq, str(exc)))
 
     async def _run_turn(
         self, turn: _Turn, claimed: tuple[InboxMessage, ...], resuming: bool,

@@ -83,6 +83,15 @@ class PreparedCall:
         if self.registration is not None:
             self.registration.schemaless.add(self.config.model)
 
+    def serve_now(
+        self, request: LLMRequest
+    ) -> tuple[AsyncIterator[StreamPart], Callable[[Exception], ProviderError] | None] | None:
+        """What :meth:`serve` gives, at once, when no ``llm/stream`` handler could serve the
+        call (the usual case); otherwise ``None``, and the caller awaits :meth:`serve`."""
+        if self._service._bus.has_listeners(LlmStream):
+            return None
+        return self._adapter_stream(request)
+
     async def serve(
         self, request: LLMRequest, *, agent_id: str
     ) -> tuple[AsyncIterator[StreamPart], Callable[[Exception], ProviderError] | None]:
@@ -105,6 +114,11 @@ class PreparedCall:
             served = await bus.emit(LlmStream(agent_id, request, self.registration is not None))
             if served is not None:
                 return _as_iterator(served), _failure_of("an llm/stream handler's stream")
+        return self._adapter_stream(request)
+
+    def _adapter_stream(
+        self, request: LLMRequest
+    ) -> tuple[AsyncIterator[StreamPart], Callable[[Exception], ProviderError] | None]:
         if self.registration is None:
             raise ProviderError(
                 f"no adapter is registered for provider {request.config.provider!r} "
@@ -183,6 +197,11 @@ class LLMService:
         """
         # A cancellation point without a reschedule: the step yields plenty elsewhere.
         await trio.lowlevel.checkpoint_if_cancelled()
+        return self.prepare_now(config)
+
+    def prepare_now(self, config: CallConfig) -> PreparedCall:
+        """:meth:`prepare_call` without its cancellation point, for a caller that checks
+        for a cancel itself (a step does, in a frame it already has)."""
         regs = self._routes.get(config.provider or "")
         if not regs:
             return PreparedCall(config, None, (), self)

@@ -250,17 +250,25 @@ class _Fold:
         self.seqs.append(seq)
         self.calls_at.append(seq)
 
-    async def close(self) -> None:
-        # Shielded and bounded: a cancelled turn still lets the adapter release its
-        # connection, but never waits on it for long.
+    def closed_now(self) -> bool:
+        """Close the stream at once if nothing of it runs when it is closed (a finished
+        generator, or one whose code has no handler); whether it did. Nothing can wait or
+        see a cancel then: the shielded scope of :meth:`close`, the costliest part of a
+        step's close, is skipped, and so is its coroutine."""
         stream = self.stream
         if type(stream) is types.AsyncGeneratorType and _closes_without_running(stream):
-            # Nothing of the generator runs when it is closed, so nothing can wait or see a
-            # cancel: the shielded scope (the costliest part of a step's close) is skipped.
             try:
                 stream.aclose().send(None)
             except StopIteration:  # how such a close ends, at once
-                return
+                return True
+        return False
+
+    async def close(self) -> None:
+        # Shielded and bounded: a cancelled turn still lets the adapter release its
+        # connection, but never waits on it for long.
+        if self.closed_now():
+            return
+        stream = self.stream
         aclose = getattr(stream, "aclose", None)
         if aclose is not None:
             with trio.move_on_after(CLOSE_SECONDS, shield=True):
@@ -392,7 +400,8 @@ async def fold_stream(
             # an ``await`` there so that every later call raises this exception again.
             await fold.close()  # noqa: ASYNC102 - the close shields and bounds itself
             raise
-        await fold.close()
+        if not fold.closed_now():
+            await fold.close()
     except trio.Cancelled:
         fold.interrupted()
         raise

@@ -166,7 +166,9 @@ class Requests:
             prepared: PreparedCall | None = None
             try:
                 _check_route(config)
-                prepared = await self._services.llm.prepare_call(config)
+                # The call's cancellation point (LLMService.prepare_call's), in this frame.
+                await trio.lowlevel.checkpoint_if_cancelled()
+                prepared = self._services.llm.prepare_now(config)
                 outcome = await self._attempt(turn, step, planned, config, prepared, spec, after)
                 return outcome, config, prepared
             except ProviderError as err:
@@ -253,7 +255,10 @@ class Requests:
                 spec.schema if spec is not None and native else None,  # output_schema
                 spec.name if spec is not None else "output",  # output_name
             )
-            stream, guard = await prepared.serve(request, agent_id=self._agent_id)
+            served = prepared.serve_now(request)
+            if served is None:  # an llm/stream handler may serve it
+                served = await prepared.serve(request, agent_id=self._agent_id)
+            stream, guard = served
             judge = None if spec is None else functools.partial(check_output, spec, native)
             prices = self._services.prices
             cost = None if not prices.prices else functools.partial(

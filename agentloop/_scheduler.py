@@ -115,8 +115,9 @@ class ToolRunner:
     agent_id: str
     approvals: Approvals
     stopping: Callable[[], bool]
-    # Commits the session's log up to a seq (the agent's flush barrier).
-    flush: Callable[[int], Awaitable[None]]
+    # Commits the session's log up to a seq (the agent's flush barrier): what to await for
+    # it, or None when there is nothing to commit to (no store).
+    flush: Callable[[int], Awaitable[None] | None]
     # Given by the agent, not defaulted here: mypyc compiles no attrs field defaults.
     tasks: ToolTasks
 
@@ -528,7 +529,9 @@ class _Run:
             if blocked:
                 # Durable before anyone is told: an application that sees the turn blocked
                 # (wait_idle returned, pending_approvals listed) may stop the process at once.
-                await self.runner.flush(self.session.last_seq)
+                pending = self.runner.flush(self.session.last_seq)
+                if pending is not None:
+                    await pending
                 blocked = not self.changed.is_set() and self._only_answers_missing()
             if blocked:
                 self.approvals.set_blocked(True)
@@ -646,7 +649,9 @@ class _Run:
                 self.next_emit += 1
         if flush and not self.stored:
             # Write-ahead, as in _dispatch: the anchor (and the calls) before any body.
-            await self.runner.flush(self.session.last_seq)
+            pending = self.runner.flush(self.session.last_seq)
+            if pending is not None:
+                await pending
             self.stored = True
         for slot in slots:
             if slot.kwargs is not None:
@@ -681,7 +686,9 @@ class _Run:
             # Write-ahead: a crash after the body starts finds the call (in its step's
             # anchor) in the log, and crashed_turn="continue" answers it rather than let the
             # model's step run it a second time. Once per run: the anchor holds every call.
-            await self.runner.flush(self.session.last_seq)
+            pending = self.runner.flush(self.session.last_seq)
+            if pending is not None:
+                await pending
             self.stored = True
         mode = slot.tool.mode_for(slot.arguments)
         if mode == "parallel":
