@@ -816,8 +816,11 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
     async def _turn(self, cancel: TurnCancel) -> None:
         # Answers to calls a closed turn left awaiting approval open a turn of their own,
         # even a cancelled one: cancel() answers them ABORTED_BEFORE_DISPATCH there.
-        approvals = self._runner.approvals
-        resuming = any(approvals.answered(p.call_id) for p in self._session.awaiting_approval)
+        # No closure over a local here: its cell would live as long as the turn does.
+        awaiting = self._session.awaiting_approval
+        resuming = bool(awaiting) and any(
+            map(self._runner.approvals.answered, [p.call_id for p in awaiting])
+        )
         crashed = None if resuming else self._session.open_turn()
         if crashed is None and not resuming and (
             cancel.cancel_called or not (self._inbox.next_turn or self._inbox.waking)

@@ -279,6 +279,8 @@ class ToolRegistry:
         entries = self._entries.get(name)
         if not entries:
             return None
+        if not self._scoped:
+            return entries[-1].tool  # every registration is for all agents: the latest wins
         for entry in reversed(entries):
             if entry.agent_id == agent_id:
                 return entry.tool
