@@ -286,7 +286,10 @@ def assistant_message(
         content=content,
         reasoning=reasoning,
         reasoning_signature=reasoning_signature,
-        tool_calls=tuple(c.to_json() for c in tool_calls),
+        tool_calls=(
+            (tool_calls[0].to_json(),) if len(tool_calls) == 1
+            else tuple(c.to_json() for c in tool_calls)
+        ),
         source_event_seqs=source_event_seqs,
         finish_reason=finish_reason,
         usage=usage,

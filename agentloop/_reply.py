@@ -192,7 +192,8 @@ class _Fold:
         self.stream = stream
         self.text: list[str] = []
         self.seqs: list[int] = []
-        self.calls_at: list[int] = []  # the tool-call chunks: the user saw all the others
+        # The tool-call chunks (the user saw all the others); made by the first.
+        self.calls_at: list[int] | None = None
         self.blocks: dict[int, _BlockParts] = {}
         self.block_no = -1
         self.block: _BlockParts | None = None  # the open reasoning block (of ``block_no``)
@@ -248,6 +249,8 @@ class _Fold:
         else:
             seq = self.session.append_call_chunk(part.index, call_id, name, fragment)
         self.seqs.append(seq)
+        if self.calls_at is None:
+            self.calls_at = []
         self.calls_at.append(seq)
 
     def closed_now(self) -> bool:
@@ -277,7 +280,7 @@ class _Fold:
     def interrupted(self) -> None:
         """On cancel: what the user already saw stays, as an interrupted anchor citing
         exactly it (nothing is written when nothing was seen)."""
-        calls_at = set(self.calls_at)
+        calls_at = set(self.calls_at or ())
         visible = [seq for seq in self.seqs if seq not in calls_at] if calls_at else self.seqs
         if not visible:
             return
@@ -304,9 +307,11 @@ class _Fold:
                 "the model stream ended without a finish", code="incomplete_stream"
             )
         calls = self.calls
-        tool_calls = tuple(
-            acc.build() for _, acc in (sorted(calls.items()) if len(calls) > 1 else calls.items())
-        )
+        if len(calls) == 1:
+            # The usual reply with a call has one: no generator for it.
+            tool_calls: tuple[ToolCall, ...] = (next(iter(calls.values())).build(),)
+        else:
+            tool_calls = tuple(acc.build() for _, acc in sorted(calls.items()))
         renamed: list[FrozenDict] = []
         if tool_calls:
             tool_calls = _unique_ids(self.session, tool_calls, renamed)

@@ -158,11 +158,15 @@ class Requests:
         bus, config = self._services.bus, planned.config
         # Per route (provider, model): a call moved to another route counts from 1 there.
         # Its keys, in the order first tried, are the routes an error handler is told of.
-        tries: dict[Route, int] = {}
+        # Made by the first failure: most calls succeed at once, as attempt 1.
+        tries: dict[Route, int] | None = None
         after: FrozenDict | None = None
         while True:
-            key = (config.provider, config.model)
-            attempt = tries[key] = tries.get(key, 0) + 1
+            if tries is None:
+                attempt = 1
+            else:
+                key = (config.provider, config.model)
+                attempt = tries[key] = tries.get(key, 0) + 1
             prepared: PreparedCall | None = None
             try:
                 _check_route(config)
@@ -173,6 +177,8 @@ class Requests:
                 return outcome, config, prepared
             except ProviderError as err:
                 failure = err
+            if tries is None:
+                tries = {(config.provider, config.model): 1}
             if spec is not None and prepared is not None and prepared.native_output and (
                 refuses_schema(failure)
             ):

@@ -206,6 +206,9 @@ def tool_calls_of(data: FrozenDict) -> tuple[ToolCall, ...]:
     calls = cast("_log.AssistantMessageData", data).get("tool_calls", ())
     if not calls:
         return ()
+    if len(calls) == 1:  # the usual reply with a call: no generator for it
+        c = calls[0]
+        return (_call(c["id"], c["name"], c["arguments"]),)
     return tuple(_call(c["id"], c["name"], c["arguments"]) for c in calls)
 
 
