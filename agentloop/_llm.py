@@ -208,13 +208,13 @@ class LLMService:
         reg = regs[-1]
         defaults = reg.adapter.defaults
         effort, max_tokens = config.reasoning_effort, config.max_tokens
-        filled: list[str] = []
+        filled: tuple[str, ...] = ()  # most adapters fill nothing
         if effort is None and defaults.reasoning_effort is not None:
             effort = defaults.reasoning_effort
-            filled.append("reasoning_effort")
+            filled += ("reasoning_effort",)
         if max_tokens is None and defaults.max_tokens is not None:
             max_tokens = defaults.max_tokens
-            filled.append("max_tokens")
+            filled += ("max_tokens",)
         if filled:
             config = attrs.evolve(config, reasoning_effort=effort, max_tokens=max_tokens)
         try:
@@ -224,7 +224,7 @@ class LLMService:
             failure = ProviderError(str(exc), code="invalid_config")
             failure.__cause__ = exc
         else:
-            return _prepared(config, reg, tuple(filled), self)
+            return _prepared(config, reg, filled, self)
         raise failure
 
 

@@ -312,9 +312,9 @@ class _Fold:
             tool_calls: tuple[ToolCall, ...] = (next(iter(calls.values())).build(),)
         else:
             tool_calls = tuple(acc.build() for _, acc in sorted(calls.items()))
-        renamed: list[FrozenDict] = []
+        renamed: tuple[FrozenDict, ...] = ()
         if tool_calls:
-            tool_calls = _unique_ids(self.session, tool_calls, renamed)
+            tool_calls, renamed = _unique_ids(self.session, tool_calls)
         reason = finish.reason  # adapters and Finish itself normalise it
         content = "".join(self.text)
         counters = finish.usage
@@ -330,7 +330,7 @@ class _Fold:
                 step=self.step, content=content, reasoning=_reasoning_text(self.blocks),
                 reasoning_signature=self.signature, tool_calls=tool_calls,
                 source_event_seqs=tuple(self.seqs), finish_reason=reason, usage=usage,
-                interrupted=False, renamed=tuple(renamed),
+                interrupted=False, renamed=renamed,
                 reasoning_blocks=_blocks_json(self.blocks), output=output,
             ),
             self.turn,
@@ -414,12 +414,15 @@ async def fold_stream(
 
 
 def _unique_ids(
-    session: Session, calls: tuple[ToolCall, ...], renamed: list[FrozenDict]
-) -> tuple[ToolCall, ...]:
+    session: Session, calls: tuple[ToolCall, ...]
+) -> tuple[tuple[ToolCall, ...], tuple[FrozenDict, ...]]:
     """Calls with ids no earlier call of the session (or this step) has: providers refuse a
-    history that repeats one. Renames keep the model's id on record."""
+    history that repeats one; and the renames, which keep the model's id on record."""
+    if len(calls) == 1 and session.unique_call_id(calls[0].id, _NONE_TAKEN) == calls[0].id:
+        return calls, ()  # the usual reply with a call: nothing to rename, nothing made
     taken: set[str] = set()
     out: list[ToolCall] = []
+    renamed: list[FrozenDict] = []
     for call in calls:
         unique = session.unique_call_id(call.id, taken)
         if unique != call.id:
@@ -427,4 +430,7 @@ def _unique_ids(
             call = attrs.evolve(call, id=unique)
         taken.add(unique)
         out.append(call)
-    return tuple(out)
+    return tuple(out), tuple(renamed)
+
+
+_NONE_TAKEN: frozenset[str] = frozenset()

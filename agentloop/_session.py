@@ -14,6 +14,7 @@ import functools
 import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any, Final, TypeVar, cast, overload
 
 import attrs
@@ -640,7 +641,7 @@ class Session:
         in the order they were parked."""
         return tuple(self._awaiting.values()) if self._awaiting else ()
 
-    def unique_call_id(self, call_id: str, taken: set[str]) -> str:
+    def unique_call_id(self, call_id: str, taken: AbstractSet[str]) -> str:
         """``call_id``, or the first free ``f"{call_id}_{n}"`` (n from 2) if this session or
         ``taken`` already has it: deterministic, so a replayed stream gets the same ids."""
         used = self._call_ids or ()
