@@ -125,7 +125,7 @@ async def iterated(agent: agentloop.Agent) -> int:
     """The bare turn read by the smallest async iterator over the log that parks as a reader
     does (no turn filter, no cancel check): the floor under ``events`` with iteration."""
     session = agent.session
-    log = session._log
+    event_at = session.event_at
     waiting: list[trio.lowlevel.Task] = []
 
     def wake() -> None:
@@ -139,7 +139,7 @@ async def iterated(agent: agentloop.Agent) -> int:
 
     class Tail:
         def __init__(self) -> None:
-            self.i = len(log)
+            self.i = session.last_seq
 
         def __aiter__(self) -> Tail:
             return self
@@ -147,8 +147,8 @@ async def iterated(agent: agentloop.Agent) -> int:
         async def __anext__(self) -> object:
             while True:
                 i = self.i
-                if i < len(log):
-                    event = log[i]
+                event = event_at(i)  # the event, made now if the log kept a chunk's parts
+                if event is not None:
                     self.i = i + 1
                     if event.type == "turn/end":
                         raise StopAsyncIteration
