@@ -98,7 +98,59 @@ class Requests:
         planned = self._proposed()
         if self._services.bus.has_handlers(AgentRequest):
             await self._rewrite(planned, turn, step)
-        outcome, config, prepared = await self._call(turn, step, planned, spec)
+        # The call, made again as long as ``agent/request-error`` asks for a retry: in this
+        # frame, one level less in the chain every suspension of the step passes through.
+        bus, config = self._services.bus, planned.config
+        # Per route (provider, model): a call moved to another route counts from 1 there.
+        # Its keys, in the order first tried, are the routes an error handler is told of.
+        # Made by the first failure: most calls succeed at once, as attempt 1.
+        tries: dict[Route, int] | None = None
+        after: FrozenDict | None = None
+        while True:
+            if tries is None:
+                attempt = 1
+            else:
+                key = (config.provider, config.model)
+                attempt = tries[key] = tries.get(key, 0) + 1
+            prepared: PreparedCall | None = None
+            try:
+                _check_route(config)
+                # The call's cancellation point (LLMService.prepare_call's), in this frame.
+                await trio.lowlevel.checkpoint_if_cancelled()
+                prepared = self._services.llm.prepare_now(config)
+                outcome = await self._attempt(turn, step, planned, config, prepared, spec, after)
+                break
+            except ProviderError as err:
+                failure = err
+            if tries is None:
+                tries = {(config.provider, config.model): 1}
+            if spec is not None and prepared is not None and prepared.native_output and (
+                refuses_schema(failure)
+            ):
+                # Once per route: the call is made again at once, offering the final_result
+                # tool, and so is every later call on this route.
+                prepared.refused_json_schema()
+                after = self._failed(config, attempt, failure)
+                continue
+            # Recovery runs outside the except block: a retry wait must not chain onto (or,
+            # when cancelled, discard) the provider error.
+            decision = None
+            if bus.has_handlers(AgentRequestError):
+                decision = await bus.emit(
+                    AgentRequestError(
+                        self._agent_id, turn, step, attempt, config, failure,
+                        prepared.retry if prepared is not None else None,
+                        tuple(f"{provider}:{model}" for provider, model in tries),
+                    )
+                )
+            if not isinstance(decision, Retry):
+                raise failure
+            after = self._failed(config, attempt, failure)
+            if decision.config is not None:
+                config = decision.config
+            # A handler that retries at once must still let other tasks (and cancel()) in.
+            await trio.lowlevel.checkpoint()
+        assert prepared is not None  # the loop ends only on a reply
         if config is not planned.config:
             # A call moved to another route (a fallback) serves this step only.
             self._proposal = planned.config
@@ -109,7 +161,6 @@ class Requests:
             )
         else:
             self._proposal = prepared.config
-        bus = self._services.bus
         if bus.has_listeners(AgentStepResult):
             await bus.emit(
                 AgentStepResult(
@@ -150,61 +201,6 @@ class Requests:
             planned.templated = False
         elif planned.templated:
             planned.system = self._render(template, planned.config)
-
-    async def _call(
-        self, turn: int, step: int, planned: _Planned, spec: OutputSpec | None
-    ) -> tuple[StepOutcome, CallConfig, PreparedCall]:
-        """The call, made again as long as ``agent/request-error`` asks for a retry."""
-        bus, config = self._services.bus, planned.config
-        # Per route (provider, model): a call moved to another route counts from 1 there.
-        # Its keys, in the order first tried, are the routes an error handler is told of.
-        # Made by the first failure: most calls succeed at once, as attempt 1.
-        tries: dict[Route, int] | None = None
-        after: FrozenDict | None = None
-        while True:
-            if tries is None:
-                attempt = 1
-            else:
-                key = (config.provider, config.model)
-                attempt = tries[key] = tries.get(key, 0) + 1
-            prepared: PreparedCall | None = None
-            try:
-                _check_route(config)
-                # The call's cancellation point (LLMService.prepare_call's), in this frame.
-                await trio.lowlevel.checkpoint_if_cancelled()
-                prepared = self._services.llm.prepare_now(config)
-                outcome = await self._attempt(turn, step, planned, config, prepared, spec, after)
-                return outcome, config, prepared
-            except ProviderError as err:
-                failure = err
-            if tries is None:
-                tries = {(config.provider, config.model): 1}
-            if spec is not None and prepared is not None and prepared.native_output and (
-                refuses_schema(failure)
-            ):
-                # Once per route: the call is made again at once, offering the final_result
-                # tool, and so is every later call on this route.
-                prepared.refused_json_schema()
-                after = self._failed(config, attempt, failure)
-                continue
-            # Recovery runs outside the except block: a retry wait must not chain onto (or,
-            # when cancelled, discard) the provider error.
-            decision = None
-            if bus.has_handlers(AgentRequestError):
-                decision = await bus.emit(
-                    AgentRequestError(
-                        self._agent_id, turn, step, attempt, config, failure,
-                        prepared.retry if prepared is not None else None,
-                        tuple(f"{provider}:{model}" for provider, model in tries),
-                    )
-                )
-            if not isinstance(decision, Retry):
-                raise failure
-            after = self._failed(config, attempt, failure)
-            if decision.config is not None:
-                config = decision.config
-            # A handler that retries at once must still let other tasks (and cancel()) in.
-            await trio.lowlevel.checkpoint()
 
     @staticmethod
     def _failed(config: CallConfig, attempt: int, failure: ProviderError) -> FrozenDict:

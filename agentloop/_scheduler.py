@@ -809,20 +809,23 @@ def _to_result(value: object) -> ToolResult:
     return ToolResult(text)
 
 
-async def run_tool_calls(
+def run_tool_calls(
     runner: ToolRunner, turn: int, calls: Sequence[ToolCall], *,
     logged: Collection[str] = (), answered: Mapping[str, ToolResult] | None = None,
-) -> None:
-    """Run one step's calls. Calls named in ``logged`` already have their ``tool/call``,
-    those in ``answered`` are not run and get that result (a crashed turn's calls, taken up
-    again), in order with the others."""
+) -> Awaitable[None]:
+    """Run one step's calls (await what this returns). Calls named in ``logged`` already
+    have their ``tool/call``, those in ``answered`` are not run and get that result (a
+    crashed turn's calls, taken up again), in order with the others.
+
+    Not a coroutine itself: the run's own is awaited directly, one level less in the chain
+    every yield of the step to its tools passes through."""
     run = _Run(runner, turn, calls)
     if logged or answered:
         for slot in run.slots:
             slot.logged = slot.call.id in logged
             if answered is not None:
                 slot.result = answered.get(slot.call.id)
-    await run.run()
+    return run.run()
 
 
 async def run_suspended_calls(runner: ToolRunner, turn: int) -> None:
