@@ -71,13 +71,13 @@ _Entry = SessionEvent | str | tuple[int, str | None, str | None, str]
 class LogView(Sequence[SessionEvent]):
     """A read-only live view of a session's log."""
 
-    __slots__ = ("_items", "_settle")
+    __slots__ = ("_items", "_runs")
 
-    def __init__(
-        self, items: list[_Entry], settle: Callable[[int], SessionEvent]
-    ) -> None:
+    def __init__(self, items: list[_Entry], runs: list[tuple[int, int, int]]) -> None:
+        # The session's own lists, not the session: a view it holds must not make a cycle
+        # with it (the session would then wait for the cycle collector to be freed).
         self._items = items
-        self._settle = settle  # the event at an index whose entry is still a chunk's parts
+        self._runs = runs
 
     def __len__(self) -> int:
         return len(self._items)
@@ -87,27 +87,30 @@ class LogView(Sequence[SessionEvent]):
     @overload
     def __getitem__(self, i: slice) -> Sequence[SessionEvent]: ...
     def __getitem__(self, i: int | slice) -> SessionEvent | Sequence[SessionEvent]:
-        items, settle = self._items, self._settle
+        items = self._items
         if isinstance(i, slice):
             for k in range(*i.indices(len(items))):
                 cls = type(items[k])
                 if cls is str or cls is tuple:
-                    settle(k)
+                    _settle(items, self._runs, k)
             return cast("list[SessionEvent]", items[i])
         entry = items[i]
         cls = type(entry)
         if cls is str or cls is tuple:
-            return settle(i if i >= 0 else i + len(items))
+            return _settle(items, self._runs, i if i >= 0 else i + len(items))
         return cast("SessionEvent", entry)
 
     def __iter__(self) -> Iterator[SessionEvent]:
         # Live, as a list's iterator is: it sees what is appended while it runs.
-        items, settle = self._items, self._settle
+        items, runs = self._items, self._runs
         i = 0
         while i < len(items):
             entry = items[i]
             cls = type(entry)
-            yield settle(i) if cls is str or cls is tuple else cast("SessionEvent", entry)
+            if cls is str or cls is tuple:
+                yield _settle(items, runs, i)
+            else:
+                yield cast("SessionEvent", entry)
             i += 1
 
     def __repr__(self) -> str:
@@ -184,6 +187,20 @@ Reducer = Callable[[list[Message], SessionEvent], None]
 
 def _first(run: tuple[int, int, int]) -> int:
     return run[0]
+
+
+def _settle(log: list[_Entry], runs: list[tuple[int, int, int]], index: int) -> SessionEvent:
+    """The event of the chunk entry at ``index`` of ``log``, made from its parts and the
+    run it is in, and kept in the entry's place."""
+    entry = log[index]
+    _, step, turn = runs[bisect_right(runs, index, key=_first) - 1]
+    if type(entry) is str:
+        chunk = _log.text_chunk(step, "text", entry)
+    else:
+        chunk = _log.tool_call_chunk(step, *cast("tuple[int, str | None, str | None, str]", entry))
+    event = _event(index + 1, _log.ASSISTANT_CHUNK, turn, chunk)
+    log[index] = event
+    return event
 
 
 # Every append makes one: SessionEvent(seq, type, turn, data).
@@ -348,7 +365,8 @@ class Session:
         # known from the entry and its place.
         self._log: list[_Entry] = []
         # (first index, step, turn) of each chunk writer, in order: the chunk entries from a
-        # writer's first index on are its own, until the next writer's (made on first use).
+        # writer's first index on are its own, until the next writer's (made on first use:
+        # by the first writer, or the log's first reader).
         self._text_runs: list[tuple[int, int, int]] | None = None
         # The last writer's data maker and turn, for an entry made at once (a listener).
         self._text_data: Callable[..., FrozenDict] | None = None
@@ -368,7 +386,7 @@ class Session:
         self._turn_usage: dict[str, Any] = {}
         self._last_call: tuple[FrozenDict, int] | None = None
         self._open_turn: int | None = None
-        self._view = LogView(self._log, self._settle)
+        self._view: LogView | None = None  # made by the first reader
         # Calls the model made that have no tool/result yet, with whether their tool/call is
         # logged. Kept as events arrive, so closing a turn never rescans the log.
         self._unanswered: dict[str, tuple[ToolCall, bool]] = {}
@@ -386,7 +404,16 @@ class Session:
     @property
     def events(self) -> LogView:
         """The append-only log: ``SessionEvent(seq, type, turn, data)``, seq from 1."""
-        return self._view
+        view = self._view
+        if view is None:
+            view = self._view = LogView(self._log, self._runs())
+        return view
+
+    def _runs(self) -> list[tuple[int, int, int]]:
+        runs = self._text_runs
+        if runs is None:
+            runs = self._text_runs = []
+        return runs
 
     @property
     def last_seq(self) -> int:
@@ -400,29 +427,9 @@ class Session:
             return None
         entry = log[index]
         cls = type(entry)
-        return self._settle(index) if cls is str or cls is tuple else cast("SessionEvent", entry)
-
-    def _settle(self, index: int) -> SessionEvent:
-        """The event of the entry at ``index`` (made, and kept in the entry's place, when the
-        entry is a chunk's parts)."""
-        log = self._log
-        entry = log[index]
-        if type(entry) is str:
-            data = None
-        elif type(entry) is tuple:
-            data = entry
-        else:
-            return cast("SessionEvent", entry)
-        runs = self._text_runs
-        assert runs is not None  # a chunk entry comes from a writer, which notes its run
-        _, step, turn = runs[bisect_right(runs, index, key=_first) - 1]
-        if data is None:
-            chunk = _log.text_chunk(step, "text", cast("str", entry))
-        else:
-            chunk = _log.tool_call_chunk(step, *data)
-        event = _event(index + 1, _log.ASSISTANT_CHUNK, turn, chunk)
-        log[index] = event
-        return event
+        if cls is str or cls is tuple:
+            return _settle(log, self._runs(), index)
+        return cast("SessionEvent", entry)
 
     def text_writer(self, step: int, turn: int) -> Callable[[str], int]:
         """The writer of ``step``'s streamed text: each call appends one ``assistant/chunk``
@@ -432,10 +439,7 @@ class Session:
         While nothing listens to appends, an entry is kept as the delta alone and its event
         is made when something reads it (``_settle``): the same event, by then.
         """
-        runs = self._text_runs
-        if runs is None:
-            runs = self._text_runs = []
-        runs.append((len(self._log), step, turn))
+        self._runs().append((len(self._log), step, turn))
         self._text_data = None  # made by the first chunk a listener takes
         self._text_turn = turn
         return self._append_text
@@ -447,8 +451,7 @@ class Session:
             # (what ``append`` does for a chunk, without its call).
             make = self._text_data
             if make is None:
-                runs = self._text_runs
-                assert runs is not None
+                runs = self._runs()
                 # The step and kind are a dict the partial holds: copying it is cheaper than
                 # merging keyword arguments on every chunk (the same keys, in the same order).
                 make = self._text_data = functools.partial(
@@ -471,11 +474,10 @@ class Session:
         """Append one ``assistant/chunk`` of kind "tool_call" (parts already checked as
         storable) for the step of the last :meth:`text_writer`; returns its seq. Kept as
         its parts until read, as a text chunk is."""
-        runs = self._text_runs
-        assert runs is not None
         log = self._log
         if SessionEventAppended in self._listened:
-            chunk = _log.tool_call_chunk(runs[-1][1], index, call_id, name, arguments)
+            step = self._runs()[-1][1]
+            chunk = _log.tool_call_chunk(step, index, call_id, name, arguments)
             return self.append(_log.ASSISTANT_CHUNK, chunk, self._text_turn).seq
         log.append((index, call_id, name, arguments))
         wake = self._wake
