@@ -239,3 +239,26 @@ def test_a_turn_with_a_text_chunk_open_at_a_crash_point_is_found() -> None:
     point = crash_point(session)
     assert point is not None and point.turn == 1
     assert [e.data["delta"] for e in point.cut] == ["half an ans"]
+
+
+def test_a_session_read_and_written_is_freed_without_the_cycle_collector() -> None:
+    """Its log view holds the session's lists, not the session: no cycle keeps it."""
+    import gc
+
+    def alive() -> int:
+        return sum(type(o) is Session for o in gc.get_objects())
+
+    gc.collect()
+    gc.disable()
+    try:
+        before = alive()
+        session = Session("s", FrozenDict(), EventBus())
+        write = session.text_writer(1, 1)
+        write("a")
+        session.append_call_chunk(0, "call_1", "add", "{}")
+        assert [e.seq for e in session.events] == [1, 2]
+        assert session.event_at(1) is not None
+        del session, write
+        assert alive() == before
+    finally:
+        gc.enable()
