@@ -225,7 +225,7 @@ class Requests:
         before = sent.get(route)
         # The slot is held from the header until the reply is folded; the wait for it shows
         # in the header, and a cancel while waiting takes no slot.
-        release, queued = await self._services.limits.acquire(*route)
+        release, queued = await self._services.limits.acquire(route[0], route[1])
         try:
             # One frame with the wait for the slot: the step's await chain, which every
             # suspension and resumption of the actor passes through, is a level shorter.

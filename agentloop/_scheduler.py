@@ -179,11 +179,12 @@ class _Run:
         self.agent_id = runner.agent_id
         self.approvals = runner.approvals
         self.turn = turn
-        # Calls that were parked in an earlier turn start parked, already logged.
-        self.slots = [
-            _Slot(c, logged=parked, parked=parked, deferred=parked, arguments=None)
-            for c in calls
-        ]
+        # Calls that were parked in an earlier turn start parked, already logged. (A loop,
+        # not a comprehension: one would close over ``parked``, a cell and a function a step.)
+        slots: list[_Slot] = []
+        for c in calls:
+            slots.append(_Slot(c, logged=parked, parked=parked, deferred=parked, arguments=None))  # noqa: PERF401
+        self.slots = slots
         self.parked = len(calls) if parked else 0  # slots awaiting an answer
         self.next_emit = 0
         self.emitted = 0
@@ -609,12 +610,12 @@ class _Run:
             self.bound = rt.settings.get(MAX_PARALLEL_TOOL_CALLS)
             if len(slots) > self.bound:
                 return False
-        lookup, agent_id = rt.tools.lookup, self.agent_id
+        registry, agent_id = rt.tools, self.agent_id
         tools = []
         for slot in slots:
             if slot.logged or slot.result is not None:
                 return False
-            tool = lookup(slot.call.name, agent_id)
+            tool = registry.lookup(slot.call.name, agent_id)
             if tool is not None and (
                 tool.requires_approval or tool.classify is not None
                 or tool.concurrency != "parallel"
