@@ -99,6 +99,15 @@ _CONFIGURED: Final = object()
 # they name) are the caller's, freed with its agents.
 _last_configured: tuple[weakref.ref[AgentOptions] | None, CallConfig] = (None, CallConfig())
 
+
+
+def _forget_configured(ref: weakref.ref[AgentOptions]) -> None:
+    # The config goes with its options: it holds what they named (the extra settings too).
+    global _last_configured
+    if _last_configured[0] is ref:
+        _last_configured = (None, CallConfig())
+
+
 _current: contextvars.ContextVar[Agent | None] = contextvars.ContextVar(
     "agentloop_current_agent", default=None
 )
@@ -196,7 +205,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                 reasoning_effort=options.reasoning_effort,
                 max_tokens=options.max_tokens,
             )
-            _last_configured = (weakref.ref(options), config)
+            _last_configured = (weakref.ref(options, _forget_configured), config)
         return config
 
     def _dormant_config(self) -> CallConfig | None:

@@ -9,6 +9,7 @@ route (for ``request/header``'s ``cache_prefix``).
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -55,7 +56,7 @@ class _Planned:
 class Requests:
     """The model calls of one agent, step after step."""
 
-    __slots__ = ("_agent_id", "_config_json", "_cwd", "_proposal", "_sent", "_services",
+    __slots__ = ("_agent_id", "_config", "_config_json", "_cwd", "_proposal", "_sent", "_services",
                  "_session", "_specs", "_specs_version", "_system_prompt")
 
     def __init__(
@@ -73,8 +74,11 @@ class Requests:
         # The messages of the latest request sent on each route, for request/header's
         # cache_prefix (a snapshot: O(1) to keep and, unless replaced, to compare).
         self._sent: dict[Route, Sequence[Message]] | None = None  # made by the first call
+        # The JSON of the config the last header recorded, and that config: kept per agent
+        # (two fields, no tuple), and shared between agents through _config_json.
+        self._config: CallConfig | None = None
+        self._config_json: FrozenDict | None = None
         # The last call's config and its JSON: a turn's steps mostly send the same config.
-        self._config_json: tuple[CallConfig, FrozenDict] | None = None
 
     @property
     def proposal(self) -> CallConfig:
@@ -87,6 +91,13 @@ class Requests:
             self._specs = registry.specs(self._agent_id)
             self._specs_version = registry.version
         return self._specs
+
+    def _json_of(self, config: CallConfig) -> FrozenDict:
+        found = self._config_json
+        if found is None or self._config is not config:
+            found = self._config_json = _config_json(config)
+            self._config = config
+        return found
 
     def _render(self, template: str, config: CallConfig) -> str:
         return self._services.prompt.render(
@@ -229,13 +240,10 @@ class Requests:
         try:
             # One frame with the wait for the slot: the step's await chain, which every
             # suspension and resumption of the actor passes through, is a level shorter.
-            config_json = self._config_json
-            if config_json is None or config_json[0] is not effective:
-                config_json = self._config_json = (effective, effective.to_json())
             session.append(
                 _log.REQUEST_HEADER,
                 _log.request_header(
-                    step, config_json[1], prepared.adapter_defaults,
+                    step, self._json_of(effective), prepared.adapter_defaults,
                     messages=len(messages),
                     cache_prefix=0 if before is None else session.common_prefix(before, messages),
                     rewritten=messages is not planned.history,
@@ -271,6 +279,30 @@ class Requests:
             )
         finally:
             release()
+
+
+# The JSON of the last call config a header recorded. Agents made from one options object
+# share its config, and every step's header records it: one frozen copy serves them all,
+# where each agent kept its own. Weakly held, and dropped with its config: a module-level
+# memo must not keep a runtime's objects alive after the runtime is gone.
+_last_config: weakref.ref[CallConfig] | None = None
+_last_config_json: FrozenDict | None = None
+
+
+def _config_json(config: CallConfig) -> FrozenDict:
+    global _last_config, _last_config_json
+    last, found = _last_config, _last_config_json
+    if last is not None and found is not None and last() is config:
+        return found
+    found = config.to_json()
+    _last_config, _last_config_json = weakref.ref(config, _forget_config), found
+    return found
+
+
+def _forget_config(ref: weakref.ref[CallConfig]) -> None:
+    global _last_config, _last_config_json
+    if _last_config is ref:
+        _last_config = _last_config_json = None
 
 
 def _check_route(config: CallConfig) -> None:

@@ -183,7 +183,9 @@ class _Run:
         # not a comprehension: one would close over ``parked``, a cell and a function a step.)
         slots: list[_Slot] = []
         for c in calls:
-            slots.append(_Slot(c, logged=parked, parked=parked, deferred=parked, arguments=None))  # noqa: PERF401
+            slots.append(  # noqa: PERF401
+                _Slot(c, logged=parked, parked=parked, deferred=parked, arguments=None)
+            )
         self.slots = slots
         self.parked = len(calls) if parked else 0  # slots awaiting an answer
         self.next_emit = 0

@@ -14,6 +14,7 @@ from conftest import OPTIONS, of_type, turn_ends
 
 import agentloop
 from agentloop import events as ev
+from agentloop.llm import LLMRequest
 from agentloop.testing import Finish, FunctionModel, ScriptedModel, TextDelta
 
 
@@ -508,3 +509,26 @@ def test_an_agents_options_are_not_kept_once_its_runtime_closed() -> None:
     options = trio.run(main)
     gc.collect()
     assert options() is None
+
+
+def test_a_calls_config_is_not_kept_once_its_runtime_closed() -> None:
+    """The JSON of a call's config is shared between agents through a module-level memo:
+    the memo holds the config weakly, so nothing keeps it once the runtime is gone."""
+    seen: list[weakref.ref[agentloop.CallConfig]] = []
+
+    async def main() -> None:
+        async def stream(request: LLMRequest) -> AsyncIterator[object]:
+            seen.append(weakref.ref(request.config))
+            yield TextDelta("one")
+            yield Finish("stop")
+
+        options = agentloop.AgentOptions(provider="fn", model="m", max_tokens=100)
+        async with agentloop.open_runtime() as rt:
+            rt.llm.register("fn", FunctionModel(stream))
+            async with await rt.agents.create(session_id="s", agent_options=options) as h:
+                h.agent.followup("go")
+                await h.agent.wait_idle()
+
+    trio.run(main)
+    gc.collect()
+    assert seen and all(ref() is None for ref in seen)
