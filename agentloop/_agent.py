@@ -100,7 +100,6 @@ _CONFIGURED: Final = object()
 _last_configured: tuple[weakref.ref[AgentOptions] | None, CallConfig] = (None, CallConfig())
 
 
-
 def _forget_configured(ref: weakref.ref[AgentOptions]) -> None:
     # The config goes with its options: it holds what they named (the extra settings too).
     global _last_configured
