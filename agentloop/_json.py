@@ -16,7 +16,7 @@ import math
 import re
 import sys
 from collections.abc import Iterable, Mapping
-from typing import Any, Final, NoReturn, TypeAlias
+from typing import Any, Final, NoReturn, TypeAlias, cast
 
 from ._errors import InvalidContent
 from ._frozen import FrozenDict
@@ -161,7 +161,17 @@ def _flat(value: object) -> FrozenDict | None:
     if type(value) is not dict:
         return None
     for k, v in value.items():
-        if type(k) is not str or not k.isascii() or not _plain(v):
+        if type(k) is not str or not k.isascii():
+            return None
+        # The usual values (short ints, ASCII strings) without a call each.
+        cls = type(v)
+        if cls is int:
+            if v.bit_length() > _INT_BITS:
+                return None
+        elif cls is str:
+            if not v.isascii():
+                return None
+        elif not _plain(v):
             return None
     return FrozenDict(value)
 
@@ -175,9 +185,12 @@ def freeze(value: object, *, path: str = "") -> JSON:
             :data:`MAX_DEPTH`; the message names the path of the bad value
             (``content[2].text: lone surrogate at 14``).
     """
-    flat = _flat(value)
-    if flat is not None:
-        return flat
+    if type(value) is dict:
+        flat = _flat(value)
+        if flat is not None:
+            return flat
+    elif _plain(value):
+        return cast("JSON", value)  # None, a bool, an ASCII string, a number: itself
     return _Freezer(False).freeze(value, path, 0)
 
 
@@ -186,9 +199,12 @@ def freeze_repaired(value: object, *, path: str = "") -> tuple[JSON, bool]:
 
     For text agentloop did not write and cannot refuse (tool results, provider output).
     """
-    flat = _flat(value)
-    if flat is not None:
-        return flat, False
+    if type(value) is dict:
+        flat = _flat(value)
+        if flat is not None:
+            return flat, False
+    elif _plain(value):
+        return cast("JSON", value), False
     freezer = _Freezer(True)
     return freezer.freeze(value, path, 0), freezer.repaired
 
