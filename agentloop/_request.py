@@ -56,8 +56,8 @@ class _Planned:
 class Requests:
     """The model calls of one agent, step after step."""
 
-    __slots__ = ("_agent_id", "_config", "_config_json", "_cwd", "_proposal", "_sent", "_services",
-                 "_session", "_specs", "_specs_version", "_system_prompt")
+    __slots__ = ("_agent_id", "_config", "_config_json", "_cwd", "_proposal", "_sent",
+                 "_services", "_session", "_specs", "_specs_version", "_system_prompt")
 
     def __init__(
         self, services: Services, session: Session, proposal: CallConfig, *,
@@ -74,11 +74,10 @@ class Requests:
         # The messages of the latest request sent on each route, for request/header's
         # cache_prefix (a snapshot: O(1) to keep and, unless replaced, to compare).
         self._sent: dict[Route, Sequence[Message]] | None = None  # made by the first call
-        # The JSON of the config the last header recorded, and that config: kept per agent
-        # (two fields, no tuple), and shared between agents through _config_json.
+        # The last call's config and its JSON (a turn's steps mostly send the same config):
+        # two fields rather than a tuple, the JSON shared between agents (_config_json).
         self._config: CallConfig | None = None
         self._config_json: FrozenDict | None = None
-        # The last call's config and its JSON: a turn's steps mostly send the same config.
 
     @property
     def proposal(self) -> CallConfig:
