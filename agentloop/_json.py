@@ -155,11 +155,9 @@ def _too_long(value: int) -> bool:
     return False
 
 
-def _flat(value: object) -> FrozenDict | None:
-    """``value`` frozen at once when it is a flat ``dict`` of ASCII keys and plain values
-    (most tool arguments and usage counters); ``None`` when it needs the walk."""
-    if type(value) is not dict:
-        return None
+def _flat(value: dict[Any, Any]) -> FrozenDict | None:
+    """``value`` (an exact ``dict``) frozen at once when it is flat: ASCII keys and plain
+    values (most tool arguments and usage counters); ``None`` when it needs the walk."""
     for k, v in value.items():
         if type(k) is not str or not k.isascii():
             return None

@@ -136,9 +136,11 @@ def test_a_log_read_while_it_grows_sees_the_appends_that_follow() -> None:
     assert seen == [text_event(1, 1, 1, "a"), text_event(2, 1, 1, "b")]
 
 
-def model_of(chunks: list[str], reads: list[list[SessionEvent]]) -> FunctionModel:
+def model_of(
+    chunks: list[str], reads: list[list[SessionEvent]], session_of: list[Session]
+) -> FunctionModel:
     """Streams ``chunks`` then a tool call on the first step and ``chunks`` on the second,
-    reading the whole log back after every other chunk."""
+    reading the whole log of ``session_of[0]`` back after every other chunk."""
 
     async def stream(request: LLMRequest) -> AsyncIterator[Any]:
         await trio.lowlevel.checkpoint()
@@ -152,10 +154,7 @@ def model_of(chunks: list[str], reads: list[list[SessionEvent]]) -> FunctionMode
         else:
             yield Finish("stop")
 
-    session_of: list[Any] = []
-    model = FunctionModel(stream)
-    model.session_of = session_of  # type: ignore[attr-defined]
-    return model
+    return FunctionModel(stream)
 
 
 async def add(a: int) -> int:
@@ -174,12 +173,13 @@ async def run_turn(
     Returns the log, what the subscriber received, and the model's reads of the log."""
     reads: list[list[SessionEvent]] = []
     chunks = ["tok0 ", "t\u00e9 ", "\U0001f600", "tok3 ", "tok4 "]
-    model = model_of(chunks, reads)
+    session_of: list[Session] = []
+    model = model_of(chunks, reads, session_of)
     rt.llm.register(session_id, model)
     handle = await rt.agents.create(
         session_id=session_id, agent_options=agentloop.AgentOptions(provider=session_id, model="m")
     )
-    model.session_of.append(handle.agent.session)  # type: ignore[attr-defined]
+    session_of.append(handle.agent.session)
     received: list[SessionEvent] = []
     async with handle, trio.open_nursery() as nursery:
         if subscribe_after is not None:
