@@ -12,6 +12,7 @@ tools and providers rather than from the user, surrogates become U+FFFD).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import sys
@@ -23,7 +24,7 @@ from ._frozen import FrozenDict
 
 __all__ = [
     "FrozenDict", "JSON", "MAX_DEPTH", "freeze", "freeze_object", "freeze_repaired",
-    "repair_text", "text_problem", "thaw",
+    "parse_json", "repair_text", "text_problem", "thaw",
 ]
 
 MAX_DEPTH: Final = 200
@@ -34,6 +35,27 @@ MAX_DEPTH: Final = 200
 _SURROGATE: Final = re.compile(f"[{chr(0xD800)}-{chr(0xDFFF)}]")
 
 JSON: TypeAlias = "bool | int | float | str | tuple[JSON, ...] | FrozenDict | None"
+
+
+# json.loads walks three Python functions and two regular expressions around its C scanner;
+# a streamed tool call's arguments are parsed on every step that has one.
+_scan: Final[Any] = cast("Any", json.JSONDecoder()).scan_once
+
+
+def parse_json(text: str) -> Any:
+    """``json.loads(text)``: the same value, or the same error.
+
+    Text that is one JSON value with nothing around it goes to the scanner alone; anything
+    else (whitespace around the value, text after it, every error) takes ``json.loads``'s
+    own way, so what it raises and says is unchanged.
+    """
+    try:
+        value, end = _scan(text, 0)
+    except StopIteration:
+        return json.loads(text)
+    if end != len(text):
+        return json.loads(text)
+    return value
 
 
 def _fail(path: str, why: str) -> NoReturn:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dis
 import functools
-import json
 import types
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -22,7 +21,7 @@ import trio
 
 from . import _log
 from ._errors import InvalidContent, ProviderError
-from ._json import FrozenDict, freeze, freeze_repaired, repair_text, text_problem
+from ._json import FrozenDict, freeze, freeze_repaired, parse_json, repair_text, text_problem
 from ._llm import CLOSE_SECONDS
 from ._model import Finish, ReasoningDelta, StreamPart, TextDelta, ToolCall, ToolCallDelta
 from ._output import Verdict
@@ -80,7 +79,7 @@ class _CallParts:
             arguments = FrozenDict()
         else:
             try:
-                parsed = json.loads(raw)
+                parsed = parse_json(raw)
             except (ValueError, RecursionError):
                 pass  # kept as text; the scheduler answers it with INVALID_ARGUMENTS
             else:
