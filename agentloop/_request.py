@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -36,6 +36,14 @@ __all__ = ["Requests"]
 # LLMRequest(system, messages, tools, config, session_id, turn, step, output_schema,
 # output_name): one a step.
 _request_of = stored_maker(LLMRequest)
+
+
+def _no_slot() -> None:
+    return None
+
+
+# A call on a route nothing limits: no slot to give back, no wait.
+_UNLIMITED: tuple[Callable[[], None], float | None] = (_no_slot, None)
 
 Route = tuple[str | None, str | None]
 
@@ -235,7 +243,9 @@ class Requests:
         before = sent.get(route)
         # The slot is held from the header until the reply is folded; the wait for it shows
         # in the header, and a cancel while waiting takes no slot.
-        release, queued = await self._services.limits.acquire(route[0], route[1])
+        limits = self._services.limits
+        # Most runtimes limit no route: no coroutine for a slot that is never waited for.
+        release, queued = await limits.acquire(route[0], route[1]) if limits else _UNLIMITED
         try:
             # One frame with the wait for the slot: the step's await chain, which every
             # suspension and resumption of the actor passes through, is a level shorter.
