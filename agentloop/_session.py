@@ -40,7 +40,7 @@ from ._util import stored_maker
 _ROLES: Final = ("user", "assistant", "tool")
 
 __all__ = [
-    "Session", "LogView", "HistoryView", "Reducer", "recover_crashed_turn", "validate_session_id",
+    "Session", "LogView", "HistoryView", "recover_crashed_turn", "validate_session_id",
     "crash_point", "continue_crashed_turn", "Continuation", "CrashPoint", "INTERRUPTED_BY_CRASH",
     "interrupted_by_crash",
     "pairing_problem",
@@ -182,9 +182,6 @@ class HistoryView(HistorySnapshot):
         return f"HistoryView({list(self)!r})"
 
 
-Reducer = Callable[[list[Message], SessionEvent], None]
-
-
 def _first(run: tuple[int, int, int]) -> int:
     return run[0]
 
@@ -256,12 +253,6 @@ def _tool_result(history: list[Message], event: SessionEvent) -> None:
     )
 
 
-REDUCERS: dict[str, Reducer] = {
-    "user/message": _user,
-    "steering/message": _user,
-    "assistant/message": _assistant,
-    "tool/result": _tool_result,
-}
 
 
 def _message(data: object) -> Message:
@@ -658,73 +649,76 @@ class Session:
         self._open_turn = event.turn
         self._turn_usage = {}
 
-    def _track(self, event: SessionEvent, calls: tuple[ToolCall, ...] | None = None) -> None:
-        """Note what ``event`` changes in the usage and the calls; ``calls`` are an
-        ``assistant/message``'s own, when the history already made them from it."""
-        type_ = event.type
-        if type_ == "assistant/message":
-            usage = event.data.get("usage")
-            if usage:
-                _add_usage(self._usage, usage)
-                _add_usage(self._turn_usage, usage)
-                self._last_call = (usage, len(self._history))
-            if not event.data.get("interrupted"):
-                for call in tool_calls_of(event.data) if calls is None else calls:
-                    self._unanswered[call.id] = (call, False)
-                    if self._call_ids is None:
-                        self._call_ids = set()
-                    self._call_ids.add(call.id)
-        elif type_ == "tool/call":
-            entry = self._unanswered.get(event.data["call_id"])
-            if entry is not None:
-                self._unanswered[entry[0].id] = (entry[0], True)
-        elif type_ == "tool/result":
-            self._unanswered.pop(event.data["call_id"], None)
-            if self._awaiting:
-                self._awaiting.pop(event.data["call_id"], None)
-        elif type_ == "tool/approval-requested":
-            data = cast("_log.ApprovalRequestedData", event.data)
-            if self._awaiting is None:
-                self._awaiting = {}
-            self._awaiting[data["call_id"]] = PendingApproval(
-                data["call_id"], data["name"], data["arguments"], data["prompt"]
-            )
-        elif type_ == "tool/approval-answered" and self._awaiting:
+    # What each kind of event changes (the history, the open turn, the calls), one method
+    # a kind, found by one lookup (``_APPLY``): appends and ``load`` fold an event alike.
+
+    def _on_user(self, event: SessionEvent) -> None:
+        _user(self._history, event)
+        self._origins.append(event.seq)
+
+    def _on_assistant(self, event: SessionEvent) -> None:
+        history = self._history
+        n = len(history)
+        _assistant(history, event)
+        calls = None
+        if len(history) != n:
+            self._origins.append(event.seq)
+            calls = history[-1].tool_calls  # made from this event's data just now
+        data = event.data
+        usage = data.get("usage")
+        if usage:
+            _add_usage(self._usage, usage)
+            _add_usage(self._turn_usage, usage)
+            self._last_call = (usage, len(history))
+        if not data.get("interrupted"):
+            for call in tool_calls_of(data) if calls is None else calls:
+                self._unanswered[call.id] = (call, False)
+                if self._call_ids is None:
+                    self._call_ids = set()
+                self._call_ids.add(call.id)
+
+    def _on_tool_call(self, event: SessionEvent) -> None:
+        entry = self._unanswered.get(event.data["call_id"])
+        if entry is not None:
+            self._unanswered[entry[0].id] = (entry[0], True)
+
+    def _on_tool_result(self, event: SessionEvent) -> None:
+        _tool_result(self._history, event)
+        self._origins.append(event.seq)
+        call_id = event.data["call_id"]
+        self._unanswered.pop(call_id, None)
+        if self._awaiting:
+            self._awaiting.pop(call_id, None)
+
+    def _on_approval_requested(self, event: SessionEvent) -> None:
+        data = cast("_log.ApprovalRequestedData", event.data)
+        if self._awaiting is None:
+            self._awaiting = {}
+        self._awaiting[data["call_id"]] = PendingApproval(
+            data["call_id"], data["name"], data["arguments"], data["prompt"]
+        )
+
+    def _on_approval_answered(self, event: SessionEvent) -> None:
+        if self._awaiting:
             self._awaiting.pop(event.data["call_id"], None)
 
-    def _reduce(self, event: SessionEvent) -> None:
-        """What an appended event changes: the history, the open turn, the calls."""
-        type_ = event.type
-        reducer = REDUCERS.get(type_)
-        if reducer is not None:
-            history = self._history
-            n = len(history)
-            reducer(history, event)
-            calls = None
-            if len(history) != n:
-                self._origins.append(event.seq)
-                if type_ == "assistant/message":
-                    calls = history[-1].tool_calls  # made from this event's data just now
-            if type_ != "user/message" and type_ != "steering/message":
-                self._track(event, calls)
-        elif type_ == "turn/start":
-            self.turns = event.turn or self.turns + 1
-            self._open(event)
-        elif type_ == "tool/call" or type_.startswith("tool/approval-"):
-            self._track(event)
-        elif type_ == "turn/end":
-            self._open_turn = None
-        elif type_ == "history/replaced":
-            self._replace(event)
+    def _on_turn_start(self, event: SessionEvent) -> None:
+        self.turns = event.turn or self.turns + 1
+        self._open(event)
+
+    def _on_turn_end(self, event: SessionEvent) -> None:
+        self._open_turn = None
 
     def append(self, type_: str, data: FrozenDict, turn: int | None) -> SessionEvent:
         """Append one event whose ``data`` is already frozen JSON; returns it."""
         log = self._log
         event = _event(len(log) + 1, type_, turn, data)
         log.append(event)
-        if type_ != "assistant/chunk":
-            # A chunk changes neither the history nor the calls: most appends stop here.
-            self._reduce(event)
+        # A chunk (most appends) and a request header change neither the history nor the
+        # calls: no entry in the table.
+        apply = _APPLY.get(type_)
+        if apply is not None:
+            apply(self, event)
         if SessionEventAppended in self._listened:
             self._announce.publish(_appended(self.id, event))
         wake = self._wake
@@ -747,22 +741,15 @@ class Session:
                     f"{event.seq}"
                 )
             try:
-                reducer = REDUCERS.get(event.type)
-                if reducer is not None:
-                    history = self._history
-                    n = len(history)
-                    reducer(history, event)
-                    if len(history) != n:
-                        self._origins.append(event.seq)
-                elif event.type == "turn/start":
+                if event.type == "turn/start":
+                    # A stored turn/start without a number opens no new one.
                     if event.turn is not None:
                         self.turns = max(self.turns, event.turn)
                     self._open(event)
-                elif event.type == "turn/end":
-                    self._open_turn = None
-                elif event.type == "history/replaced":
-                    self._replace(event)
-                self._track(event)
+                else:
+                    apply = _APPLY.get(event.type)
+                    if apply is not None:
+                        apply(self, event)
             except (KeyError, TypeError, AttributeError, ValueError) as exc:
                 raise PersistenceError(
                     f"session {self.id!r}: stored event seq {event.seq} ({event.type}) is "
@@ -772,6 +759,22 @@ class Session:
 
     def __repr__(self) -> str:
         return f"<Session {self.id!r} events={len(self._log)}>"
+
+
+# What folding an event into a session does, by its type; a type not here (a chunk, a
+# request header, a compaction's note) changes nothing the session derives.
+_APPLY: dict[str, Callable[[Session, SessionEvent], None]] = {
+    "user/message": Session._on_user,
+    "steering/message": Session._on_user,
+    "assistant/message": Session._on_assistant,
+    "tool/call": Session._on_tool_call,
+    "tool/result": Session._on_tool_result,
+    "tool/approval-requested": Session._on_approval_requested,
+    "tool/approval-answered": Session._on_approval_answered,
+    "turn/start": Session._on_turn_start,
+    "turn/end": Session._on_turn_end,
+    "history/replaced": Session._replace,
+}
 
 
 @attrs.frozen(slots=True)
