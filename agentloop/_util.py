@@ -154,9 +154,12 @@ def stored_maker(cls: type[T]) -> Callable[..., T]:
     twin = type(f"_{cls.__name__}Stored", cls.__bases__, {"__slots__": slots})
     names = [f.name for f in fields]
     body = "".join(f"    o.{name} = {name}\n" for name in names)
+    # Calling the twin, when neither it nor its bases construct anything of their own, makes
+    # the empty instance without the argument tuple ``object.__new__(twin)`` packs.
+    plain = all(getattr(twin, name) is getattr(object, name) for name in ("__new__", "__init__"))
     source = (
-        f"def make({', '.join(names)}):\n    o = _new(_twin)\n{body}"
-        "    o.__class__ = _cls\n    return o\n"
+        f"def make({', '.join(names)}):\n    o = {'_twin()' if plain else '_new(_twin)'}\n"
+        f"{body}    o.__class__ = _cls\n    return o\n"
     )
     namespace: dict[str, Any] = {"_new": object.__new__, "_twin": twin, "_cls": cls}
     exec(compile(source, f"<stored_maker {cls.__qualname__}>", "exec"), namespace)  # noqa: S102

@@ -120,3 +120,22 @@ def test_a_class_stored_maker_cannot_serve_is_refused() -> None:
         stored_maker(Weak)
     with pytest.raises(TypeError, match=r"Converted\.n needs attrs's __init__"):
         stored_maker(Converted)
+
+
+def test_a_stored_maker_of_a_class_whose_base_constructs_does_not_run_that_base() -> None:
+    # The twin is then filled from object.__new__, as before; calling it would run the base's
+    # __init__ (here: raise) or make something else.
+    class Base:
+        __slots__ = ()
+
+        def __init__(self) -> None:
+            raise AssertionError("the base's __init__ ran")
+
+    @attrs.frozen(slots=True, weakref_slot=False, init=True)
+    class Child(Base):
+        n: int
+        s: str
+
+    made = stored_maker(Child)(1, "a")
+    assert type(made) is Child
+    assert (made.n, made.s) == (1, "a")
