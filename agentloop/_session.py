@@ -489,15 +489,8 @@ class Session:
 
     def open_turn(self) -> int | None:
         """The number of the turn the log leaves open (a crash's, before it is closed or
-        taken up), or None. Read back from the end: a closed log ends near its turn/end."""
-        for event in reversed(self._log):
-            if isinstance(event, (str, tuple)):
-                continue  # a chunk's parts
-            if event.type == _log.TURN_END:
-                return None
-            if event.type == _log.TURN_START:
-                return event.turn
-        return None
+        taken up), or None: kept as turns open and close, appended or loaded."""
+        return self._open_turn
 
     def messages(self) -> HistoryView:
         """The derived history sent to the model (an O(1) immutable snapshot)."""
