@@ -536,8 +536,13 @@ class _Run:
                 if pending is not None:
                     await pending
                 blocked = not self.changed.is_set() and self._only_answers_missing()
-            if blocked:
+            # A turn whose cancel was called (by a handler deciding one of these calls, say)
+            # waits for no answer: it ends at this wait, and wait_idle() waits for that.
+            cancel = self.runner.tasks.scope
+            if blocked and not (cancel is not None and cancel.cancel_called):
                 self.approvals.set_blocked(True)
+            else:
+                blocked = False
             try:
                 deadline = self._deadline() if self.parked else math.inf
                 if deadline == math.inf:

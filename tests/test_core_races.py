@@ -162,6 +162,34 @@ async def test_approve_after_cancel_is_refused(rt, autojump_clock) -> None:
         assert _results(h.agent) == ["ABORTED_BEFORE_DISPATCH"] * 2
 
 
+async def test_a_turn_cancelled_by_its_approval_handler_is_over_when_wait_idle_returns(
+    rt,
+) -> None:
+    # The handler cancels the turn while deciding the call, which is then parked: the turn
+    # does not wait for the answer, so wait_idle() waits for it to end, every call answered.
+    # Repeated: trio runs a pass's tasks in an order it picks at random, and the turn ended
+    # in time for wait_idle() by luck in one of the two orders.
+    started: list[str] = []
+    _tools(rt, started)
+    rt.events.on(ev.ToolPreExecute, lambda e: agentloop.Ask("?"))
+    agents: dict[str, agentloop.Agent] = {}
+    rt.events.on(ev.ToolApproval, lambda e: agents[e.agent_id].cancel())
+    for i in range(16):
+        undo = rt.llm.register("scripted", ScriptedModel([
+            reply(tool_calls=[("write", {"name": "a"})]), reply("never"),
+        ]))
+        async with await rt.agents.create(session_id=f"s{i}", agent_options=OPTIONS) as h:
+            agents[h.agent.id] = h.agent
+            h.agent.followup("go")
+            await h.agent.wait_idle()
+            assert h.agent.status == "idle"
+            assert turn_ends(h.agent) == ["aborted"]
+            assert _results(h.agent) == ["ABORTED_BEFORE_DISPATCH"]
+            check_log_invariants(h.agent.session.events)
+        undo()
+    assert started == []
+
+
 _POINTS = (
     "pre-execute", "step-result", "pre-step", "request", "approval", "continuation",
     "turn-stopping", "post-execute", "tool-result", "claimed", "appended-call",
