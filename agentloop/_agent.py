@@ -107,6 +107,12 @@ def _forget_configured(ref: weakref.ref[AgentOptions]) -> None:
         _last_configured = (None, CallConfig())
 
 
+# How many calls of wait_idle() that find their agent settled return before one passes a
+# schedule point (counted across agents and runtimes: a pace, not a state of any of them).
+IDLE_RETURNS_PER_YIELD: Final = 64
+_idle_returns = 0
+
+
 _current: contextvars.ContextVar[Agent | None] = contextvars.ContextVar(
     "agentloop_current_agent", default=None
 )
@@ -298,12 +304,28 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
     async def wait_idle(self) -> None:
         """Return once the agent is idle with no waking input pending (or disposed), or once
         its running turn waits for nothing but answers to approval requests
-        (:attr:`pending_approvals`): it cannot go on without them."""
+        (:attr:`pending_approvals`): it cannot go on without them.
+
+        Every call checks for cancellation. A call that finds the agent settled already
+        returns without a trip through the scheduler, passing one every
+        :data:`IDLE_RETURNS_PER_YIELD` such returns, so that a loop of them still lets other
+        tasks run: waiting on each of many agents that are done costs no scheduler pass each.
+        """
+        waited = False
         while self._status == "running" and not self._runner.approvals.blocked:
             if self._idle is None:
                 self._idle = trio.Event()
             await self._idle.wait()
-        await trio.lowlevel.checkpoint()
+            waited = True
+        if waited:
+            return  # it parked: that was this call's schedule point
+        global _idle_returns
+        _idle_returns += 1
+        if _idle_returns < IDLE_RETURNS_PER_YIELD:
+            await trio.lowlevel.checkpoint_if_cancelled()
+        else:
+            _idle_returns = 0
+            await trio.lowlevel.checkpoint()
 
     def _wake_idle_waiters(self) -> None:
         # The running turn waits for nothing but answers: wait_idle() returns.

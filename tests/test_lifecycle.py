@@ -532,3 +532,55 @@ def test_a_calls_config_is_not_kept_once_its_runtime_closed() -> None:
     trio.run(main)
     gc.collect()
     assert seen and all(ref() is None for ref in seen)
+
+
+class _StepsOf(trio.abc.Instrument):
+    """Counts the scheduler passes one task takes."""
+
+    def __init__(self, task: trio.lowlevel.Task) -> None:
+        self.task, self.steps = task, 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task is self.task:
+            self.steps += 1
+
+
+async def test_waiting_on_many_settled_agents_takes_few_scheduler_passes(rt, model) -> None:
+    from agentloop._agent import IDLE_RETURNS_PER_YIELD
+
+    handles = [
+        await rt.agents.create(session_id=f"s{i}", agent_options=OPTIONS) for i in range(200)
+    ]
+    await trio.testing.wait_all_tasks_blocked()
+    steps = _StepsOf(trio.lowlevel.current_task())
+    trio.lowlevel.add_instrument(steps)
+    try:
+        for h in handles:
+            await h.agent.wait_idle()
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+    # One pass every IDLE_RETURNS_PER_YIELD settled returns, where each used to take one.
+    assert 0 < steps.steps <= len(handles) // IDLE_RETURNS_PER_YIELD + 1
+
+
+async def test_a_loop_of_wait_idle_on_a_settled_agent_still_lets_others_run(rt, model) -> None:
+    handle = await rt.agents.create(session_id="s", agent_options=OPTIONS)
+    done = []
+
+    async def other() -> None:
+        done.append(True)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other)
+        with trio.fail_after(5):
+            while not done:
+                await handle.agent.wait_idle()
+
+
+async def test_wait_idle_on_a_settled_agent_checks_for_cancellation(rt, model) -> None:
+    handle = await rt.agents.create(session_id="s", agent_options=OPTIONS)
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await handle.agent.wait_idle()
+        pytest.fail("wait_idle returned in a cancelled scope")
+    assert scope.cancelled_caught
