@@ -972,6 +972,8 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         going_on: Continuation | None,
     ) -> str:
         bus, runner = self._services.bus, self._runner
+        # Asked about four hook classes a step: a live set, tested without a call each.
+        handled = bus.handled()
         step = 0
         entering = claimed
         if resuming or going_on is not None:
@@ -979,21 +981,22 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             if done:
                 return "completed"
             entering = self._claim(turn.number, boundary=False)
+        requests = self._requests
         while True:
             step += 1
             # Most steps have neither a stopping policy nor a step limit in reach: no
             # coroutine for them.
-            if bus.has_handlers(AgentTurnStopping) or self._at_step_limit(turn):
+            if AgentTurnStopping in handled or self._at_step_limit(turn):
                 stop = await self._stopping_point(turn, step, "pre-step")
                 if stop is not None:
                     return stop
-            if bus.has_handlers(AgentPreStep):
+            if AgentPreStep in handled:
                 decision = await bus.emit(AgentPreStep(self.id, turn.number, step, entering))
                 if isinstance(decision, Reject):
                     return "rejected"
                 if isinstance(decision, Replace):
                     self._replace_all(decision.messages)
-            outcome = await self._requests.step(turn.number, step, turn.output)
+            outcome = await requests.step(turn.number, step, turn.output)
             turn.steps += 1
             if outcome.finish_reason == "max_tokens":
                 turn.max_tokens = True
@@ -1031,12 +1034,12 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                 await run_tool_calls(runner, turn.number, calls)
                 turn.tool_calls += len(calls)
                 # After the tools only a policy can stop the turn: no call without one.
-                if bus.has_handlers(AgentTurnStopping):
+                if AgentTurnStopping in handled:
                     stop = await self._stopping_point(turn, step, "post-tools")
                     if stop is not None:
                         return stop
             proceed = bool(outcome.tool_calls) or correct or bool(self._inbox.waking)
-            if bus.has_handlers(AgentTurnContinuation):
+            if AgentTurnContinuation in handled:
                 proceed = bool(
                     await bus.emit(AgentTurnContinuation(self.id, turn.number, step, proceed))
                 )

@@ -486,6 +486,12 @@ class EventBus:
     def has_handlers(self, cls: type[Event]) -> bool:
         return cls in self._handlers
 
+    def handled(self) -> AbstractSet[type[Event]]:
+        """The classes :meth:`has_handlers` is true of, as a live read-only set: a loop that
+        asks about several classes on every step keeps it and tests membership, without a
+        call each time."""
+        return self._handlers.keys()
+
     def on(
         self,
         cls: type[E],
