@@ -25,7 +25,6 @@ from ._errors import InvalidContent, PersistenceError
 from ._events import SessionEventAppended
 from ._json import FrozenDict
 from ._model import (
-    Content,
     HistorySnapshot,
     Message,
     PendingApproval,
@@ -210,7 +209,7 @@ _appended = stored_maker(SessionEventAppended)
 
 
 def _user(history: list[Message], event: SessionEvent) -> None:
-    data = cast("_log.ClaimedMessageData", event.data)
+    data = event.data  # _log.ClaimedMessageData (not cast: a cast is a call at runtime)
     content = data["content"]
     if not isinstance(content, (str, tuple)):
         raise TypeError(f"content must be text or a list of parts, got {content!r}")
@@ -218,7 +217,7 @@ def _user(history: list[Message], event: SessionEvent) -> None:
 
 
 def tool_calls_of(data: FrozenDict) -> tuple[ToolCall, ...]:
-    calls = cast("_log.AssistantMessageData", data).get("tool_calls", ())
+    calls = data.get("tool_calls", ())  # of _log.AssistantMessageData
     if not calls:
         return ()
     if len(calls) == 1:  # the usual reply with a call: no generator for it
@@ -228,9 +227,9 @@ def tool_calls_of(data: FrozenDict) -> tuple[ToolCall, ...]:
 
 
 def _assistant(history: list[Message], event: SessionEvent) -> None:
-    data = cast("_log.AssistantMessageData", event.data)
+    data = event.data  # _log.AssistantMessageData
     content = data.get("content") or ""
-    tool_calls = tool_calls_of(event.data)
+    tool_calls = tool_calls_of(data)
     reasoning = data.get("reasoning") or None
     blocks = data.get("reasoning_blocks", ())
     if not content and not tool_calls and not reasoning and not blocks:
@@ -244,10 +243,10 @@ def _assistant(history: list[Message], event: SessionEvent) -> None:
 
 
 def _tool_result(history: list[Message], event: SessionEvent) -> None:
-    data = cast("_log.ToolResultData", event.data)
+    data = event.data  # _log.ToolResultData
     history.append(
         _message_of(
-            "tool", cast("Content", data["content"]), (), data["call_id"], data.get("name"),
+            "tool", data["content"], (), data["call_id"], data.get("name"),
             bool(data.get("is_error")), False, None, None, (),
         )
     )
