@@ -252,8 +252,6 @@ def _tool_result(history: list[Message], event: SessionEvent) -> None:
     )
 
 
-
-
 def _message(data: object) -> Message:
     """A history message from its frozen JSON (``_log.message_json``)."""
     if not isinstance(data, FrozenDict):
