@@ -65,7 +65,8 @@ class Requests:
     """The model calls of one agent, step after step."""
 
     __slots__ = ("_agent_id", "_config", "_config_json", "_cwd", "_proposal", "_sent",
-                 "_services", "_session", "_specs", "_specs_version", "_system_prompt")
+                 "_services", "_session", "_specs", "_specs_version", "_system",
+                 "_system_prompt")
 
     def __init__(
         self, services: Services, session: Session, proposal: CallConfig, *,
@@ -86,6 +87,8 @@ class Requests:
         # two fields rather than a tuple, the JSON shared between agents (_config_json).
         self._config: CallConfig | None = None
         self._config_json: FrozenDict | None = None
+        # (template, config, the system prompt rendered from them, whether it has fields).
+        self._system: tuple[str, CallConfig, str, bool] | None = None
 
     @property
     def proposal(self) -> CallConfig:
@@ -192,10 +195,16 @@ class Requests:
         """The request the step proposes."""
         config = self._proposal
         template = self._services.prompt.template_for(self._agent_id, self._system_prompt)
+        # A turn's steps mostly render the same template for the same config: kept, with
+        # whether the template has fields, until either changes (rendering is pure).
+        system = self._system
+        if system is None or system[0] is not template or system[1] is not config:
+            system = self._system = (
+                template, config, self._render(template, config), "{" in template
+            )
         history = self._session.messages()
         return _Planned(
-            config, self._render(template, config), template, "{" in template, history,
-            history, self._visible_specs(),
+            config, system[2], template, system[3], history, history, self._visible_specs()
         )
 
     async def _rewrite(self, planned: _Planned, turn: int, step: int) -> None:

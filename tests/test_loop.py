@@ -464,6 +464,23 @@ async def test_system_prompt_persona_override_and_variables(rt, model) -> None:
     assert model.requests[1].system == "Override for m."
 
 
+async def test_a_system_prompt_changed_between_steps_reaches_the_next_request(rt, model) -> None:
+    # A turn's steps reuse the prompt rendered for its template and config until either
+    # changes: a persona set by a tool mid-turn is the next step's.
+    rt.system_prompt.set("First on {model}.")
+
+    @rt.tools.tool
+    async def switch() -> str:
+        """Switch the persona."""
+        rt.system_prompt.set("Then on {model}.")
+        return "ok"
+
+    model.add(reply("a", tool_calls=[("switch", {})]), reply("b", tool_calls=[("switch", {})]),
+              "c")
+    await run_turn(rt)
+    assert [r.system for r in model.requests] == ["First on m.", "Then on m.", "Then on m."]
+
+
 async def test_consecutive_requests_share_a_prefix(rt, model) -> None:
     @rt.tools.tool
     async def t() -> str:
