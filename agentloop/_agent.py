@@ -1045,7 +1045,8 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                 )
             if not proceed:
                 return "max-tokens" if turn.max_tokens else "completed"
-            entering = self._claim(turn.number, boundary=False)
+            # Steering is rare between steps: no claim (and no batch list) without any.
+            entering = self._claim(turn.number, boundary=False) if self._inbox.next_step else ()
 
     async def _take_up(self, turn: _Turn, going_on: Continuation | None) -> tuple[int, bool]:
         """Before the step loop of a turn that goes on: a suspended turn's answered calls,

@@ -608,8 +608,9 @@ class _Run:
         slots keep them only when the step goes the plain way."""
         rt, slots = self.rt, self.slots
         bus = rt.bus
+        handled = bus.handled()
         if (
-            self.parked or bus.has_handlers(ToolPreExecute) or bus.has_handlers(ToolPostExecute)
+            self.parked or ToolPreExecute in handled or ToolPostExecute in handled
             or bus.has_listeners(ToolResultEvent) or rt.tools.has_guards()
         ):
             return False
