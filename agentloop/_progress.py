@@ -30,6 +30,10 @@ BURST: Final = 10
 RATE: Final = 30.0
 """Reports of one call delivered per second, once a burst is spent."""
 
+# A fresh call's bucket: full, last filled never (one a tool call, so made once here).
+_FULL: Final = float(BURST)
+_NEVER: Final = -math.inf
+
 _current: contextvars.ContextVar[Reporter | None] = contextvars.ContextVar(
     "agentloop_tool_progress", default=None
 )
@@ -46,8 +50,8 @@ class Reporter:
         self._bus = bus
         self._agent_id = agent_id
         self._call_id = call_id
-        self._tokens = float(BURST)
-        self._at = -math.inf
+        self._tokens = _FULL
+        self._at = _NEVER
         self._pending: tuple[str, float | None] | None = None
         self._timer: trio.CancelScope | None = None
         self.closed = False
