@@ -20,7 +20,7 @@ from typing import Final
 import attrs
 import trio
 
-__all__ = ["CallLimits", "Limit", "WINDOW_SECONDS"]
+__all__ = ["UNLIMITED", "CallLimits", "Limit", "WINDOW_SECONDS"]
 
 WINDOW_SECONDS: Final = 60.0
 
@@ -134,6 +134,10 @@ def _nothing() -> None:
     return None
 
 
+# What a call on a route nothing limits holds: no slot to give back, and no wait.
+UNLIMITED: Final[tuple[Callable[[], None], float | None]] = (_nothing, None)
+
+
 class CallLimits:
     """The limited providers and routes of one runtime, asked by each model call."""
 
@@ -160,14 +164,14 @@ class CallLimits:
         its provider's slots. A cancel while waiting leaves no slot taken.
         """
         if not self._gates:
-            return _nothing, None  # the usual runtime: no route is limited
+            return UNLIMITED  # the usual runtime: no route is limited
         gates = [
             gate for gate in (self._gates.get((provider or "", model)),
                               self._gates.get((provider or "", None)))
             if gate is not None
         ]
         if not gates:
-            return _nothing, None
+            return UNLIMITED
         await trio.lowlevel.checkpoint_if_cancelled()
         start = trio.current_time()
         held: list[_Gate] = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -20,6 +20,7 @@ from . import _log
 from ._errors import ProviderError
 from ._events import AgentRequest, AgentRequestError, AgentStepResult, Retry, _Outcome
 from ._json import FrozenDict, freeze_repaired
+from ._limits import UNLIMITED
 from ._model import CallConfig, LLMRequest, Message, ToolSpec
 from ._output import OutputSpec, refuses_schema
 from ._output import check as check_output
@@ -36,14 +37,6 @@ __all__ = ["Requests"]
 # LLMRequest(system, messages, tools, config, session_id, turn, step, output_schema,
 # output_name): one a step.
 _request_of = stored_maker(LLMRequest)
-
-
-def _no_slot() -> None:
-    return None
-
-
-# A call on a route nothing limits: no slot to give back, no wait.
-_UNLIMITED: tuple[Callable[[], None], float | None] = (_no_slot, None)
 
 Route = tuple[str | None, str | None]
 
@@ -254,7 +247,7 @@ class Requests:
         # in the header, and a cancel while waiting takes no slot.
         limits = self._services.limits
         # Most runtimes limit no route: no coroutine for a slot that is never waited for.
-        release, queued = await limits.acquire(route[0], route[1]) if limits else _UNLIMITED
+        release, queued = await limits.acquire(route[0], route[1]) if limits else UNLIMITED
         try:
             # One frame with the wait for the slot: the step's await chain, which every
             # suspension and resumption of the actor passes through, is a level shorter.
