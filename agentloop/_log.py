@@ -214,7 +214,7 @@ def claimed_message(message_id: str, content: Content, source: JSON) -> FrozenDi
 
 def request_header(
     step: int, config: FrozenDict, adapter_defaults: tuple[str, ...],
-    *, messages: int | None = None, cache_prefix: int | None = None, rewritten: bool = False,
+    messages: int | None = None, cache_prefix: int | None = None, rewritten: bool = False,
     after_error: FrozenDict | None = None, queued_seconds: float | None = None,
 ) -> FrozenDict:
     fields: dict[str, JSON] = {
@@ -310,7 +310,7 @@ def tool_call(call: ToolCall) -> FrozenDict:
 
 
 def tool_result(
-    call: ToolCall, content: JSON, *, is_error: bool, error_code: str | None,
+    call: ToolCall, content: JSON, is_error: bool, error_code: str | None,
     repaired: bool = False,
 ) -> FrozenDict:
     fields = FrozenDict(

@@ -251,17 +251,10 @@ class Requests:
         try:
             # One frame with the wait for the slot: the step's await chain, which every
             # suspension and resumption of the actor passes through, is a level shorter.
-            session.append(
-                _log.REQUEST_HEADER,
-                _log.request_header(
-                    step, self._json_of(effective), prepared.adapter_defaults,
-                    messages=len(messages),
-                    cache_prefix=0 if before is None else session.common_prefix(before, messages),
-                    rewritten=messages is not planned.history,
-                    after_error=after,
-                    queued_seconds=queued,
-                ),
-                turn,
+            session.append_request_header(
+                turn, step, self._json_of(effective), prepared.adapter_defaults, len(messages),
+                0 if before is None else session.common_prefix(before, messages),
+                messages is not planned.history, after, queued,
             )
             sent[route] = messages
             native = spec is not None and prepared.native_output

@@ -204,8 +204,7 @@ class _Run:
     # --- ordered parts -------------------------------------------------------------------
 
     def _log_call(self, slot: _Slot) -> None:
-        call = slot.call
-        self.session.append(_log.TOOL_CALL, _log.tool_call(call), self.turn)
+        self.session.append_tool_call(slot.call, self.turn)
         slot.logged = True
 
     async def _prelude(self, slot: _Slot) -> None:
@@ -412,7 +411,14 @@ class _Run:
             result = attrs.evolve(result, content=slot.tool.finalize_content(result.content))
         if not slot.logged:
             self._log_call(slot)
-        self.session.append(_log.TOOL_RESULT, result_data(slot.call, result), self.turn)
+        content = result.content
+        if isinstance(content, str) and content.isascii():
+            # The common result: text stored as it is (what result_data finds first).
+            self.session.append_tool_result(
+                slot.call, content, result.is_error, result.error_code, self.turn
+            )
+        else:
+            self.session.append(_log.TOOL_RESULT, result_data(slot.call, result), self.turn)
         slot.emitted = True
         self.emitted += 1
 

@@ -63,8 +63,10 @@ def validate_session_id(session_id: object, what: str = "session id") -> str:
     return session_id
 
 
-# A log entry: an event, or the parts of a chunk not read yet (Session._log).
-_Entry = SessionEvent | str | tuple[int, str | None, str | None, str]
+# A log entry: an event, or the parts of one not read yet (Session._log): a text chunk's
+# delta, a tool-call chunk's (index, id, name, arguments), or (type, turn, make, *args) of
+# an event whose data is ``make(*args)``.
+_Entry = SessionEvent | str | tuple[Any, ...]
 
 
 class LogView(Sequence[SessionEvent]):
@@ -186,15 +188,21 @@ def _first(run: tuple[int, int, int]) -> int:
 
 
 def _settle(log: list[_Entry], runs: list[tuple[int, int, int]], index: int) -> SessionEvent:
-    """The event of the chunk entry at ``index`` of ``log``, made from its parts and the
-    run it is in, and kept in the entry's place."""
+    """The event of the entry at ``index`` of ``log``, made from its parts (and, for a
+    chunk, the run it is in), and kept in the entry's place."""
     entry = log[index]
-    _, step, turn = runs[bisect_right(runs, index, key=_first) - 1]
     if type(entry) is str:
-        chunk = _log.text_chunk(step, "text", entry)
+        _, step, turn = runs[bisect_right(runs, index, key=_first) - 1]
+        event = _event(index + 1, _log.ASSISTANT_CHUNK, turn, _log.text_chunk(step, "text", entry))
     else:
-        chunk = _log.tool_call_chunk(step, *cast("tuple[int, str | None, str | None, str]", entry))
-    event = _event(index + 1, _log.ASSISTANT_CHUNK, turn, chunk)
+        parts = cast("tuple[Any, ...]", entry)
+        if type(parts[0]) is int:
+            _, step, turn = runs[bisect_right(runs, index, key=_first) - 1]
+            event = _event(
+                index + 1, _log.ASSISTANT_CHUNK, turn, _log.tool_call_chunk(step, *parts)
+            )
+        else:
+            event = _event(index + 1, parts[0], parts[1], parts[2](*parts[3:]))
     log[index] = event
     return event
 
@@ -238,16 +246,6 @@ def _assistant(history: list[Message], event: SessionEvent) -> None:
         _message_of(
             "assistant", content, tool_calls, None, None, False, bool(data.get("interrupted")),
             reasoning, data.get("reasoning_signature"), blocks,
-        )
-    )
-
-
-def _tool_result(history: list[Message], event: SessionEvent) -> None:
-    data = event.data  # _log.ToolResultData
-    history.append(
-        _message_of(
-            "tool", data["content"], (), data["call_id"], data.get("name"),
-            bool(data.get("is_error")), False, None, None, (),
         )
     )
 
@@ -668,14 +666,27 @@ class Session:
                 self._call_ids.add(call.id)
 
     def _on_tool_call(self, event: SessionEvent) -> None:
-        entry = self._unanswered.get(event.data["call_id"])
+        self._call_logged(event.data["call_id"])
+
+    def _call_logged(self, call_id: str) -> None:
+        entry = self._unanswered.get(call_id)
         if entry is not None:
             self._unanswered[entry[0].id] = (entry[0], True)
 
     def _on_tool_result(self, event: SessionEvent) -> None:
-        _tool_result(self._history, event)
-        self._origins.append(event.seq)
-        call_id = event.data["call_id"]
+        data = event.data  # _log.ToolResultData
+        self._answered(
+            event.seq, data["call_id"], data.get("name"), data["content"],
+            bool(data.get("is_error")),
+        )
+
+    def _answered(
+        self, seq: int, call_id: str, name: str | None, content: Any, is_error: bool
+    ) -> None:
+        self._history.append(
+            _message_of("tool", content, (), call_id, name, is_error, False, None, None, ())
+        )
+        self._origins.append(seq)
         self._unanswered.pop(call_id, None)
         if self._awaiting:
             self._awaiting.pop(call_id, None)
@@ -716,6 +727,67 @@ class Session:
             self._wake = None  # once: a reader that parks again sets it again
             wake()
         return event
+
+    # A step's request header, tool call and result, kept as their parts while nothing
+    # listens to appends (as a chunk is): the event, and its frozen data, are made when
+    # something reads the entry, and are the ones ``append`` would have made. What the
+    # session derives from the event is derived from the parts, now.
+
+    def append_request_header(
+        self, turn: int, step: int, config: FrozenDict, adapter_defaults: tuple[str, ...],
+        messages: int, cache_prefix: int, rewritten: bool, after_error: FrozenDict | None,
+        queued_seconds: float | None,
+    ) -> int:
+        """Append the ``request/header`` of ``step`` (see :func:`_log.request_header`);
+        returns its seq."""
+        if SessionEventAppended in self._listened:
+            return self.append(
+                _log.REQUEST_HEADER,
+                _log.request_header(
+                    step, config, adapter_defaults, messages, cache_prefix, rewritten,
+                    after_error, queued_seconds,
+                ),
+                turn,
+            ).seq
+        log = self._log
+        log.append((
+            _log.REQUEST_HEADER, turn, _log.request_header, step, config, adapter_defaults,
+            messages, cache_prefix, rewritten, after_error, queued_seconds,
+        ))
+        self._woken()
+        return len(log)
+
+    def append_tool_call(self, call: ToolCall, turn: int) -> int:
+        """Append the ``tool/call`` of ``call``; returns its seq."""
+        if SessionEventAppended in self._listened:
+            return self.append(_log.TOOL_CALL, _log.tool_call(call), turn).seq
+        log = self._log
+        log.append((_log.TOOL_CALL, turn, _log.tool_call, call))
+        self._call_logged(call.id)
+        self._woken()
+        return len(log)
+
+    def append_tool_result(
+        self, call: ToolCall, content: str, is_error: bool, error_code: str | None, turn: int
+    ) -> int:
+        """Append the ``tool/result`` of ``call`` with text ``content`` already checked as
+        storable as it is (no repair to note); returns its seq."""
+        if SessionEventAppended in self._listened:
+            return self.append(
+                _log.TOOL_RESULT, _log.tool_result(call, content, is_error, error_code), turn
+            ).seq
+        log = self._log
+        log.append((_log.TOOL_RESULT, turn, _log.tool_result, call, content, is_error, error_code))
+        seq = len(log)
+        self._answered(seq, call.id, call.name, content, bool(is_error))
+        self._woken()
+        return seq
+
+    def _woken(self) -> None:
+        wake = self._wake
+        if wake is not None:
+            self._wake = None  # once: a reader that parks again sets it again
+            wake()
 
     def load(self, events: Sequence[SessionEvent]) -> None:
         """Rebuild from a stored log (same seqs), without re-announcing the events.

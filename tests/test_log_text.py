@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import agentloop
-from agentloop import FrozenDict, SessionEvent
+from agentloop import FrozenDict, SessionEvent, ToolCall
 from agentloop._bus import EventBus
 from agentloop._session import Session
 from agentloop.events import SessionEventAppended
@@ -122,6 +122,120 @@ def test_every_read_of_the_log_gives_the_events_an_eager_log_holds(
         assert session.events[event.seq - 1] is event
     # A read keeps the event it made: a second read gives the same object.
     assert all(a is b for a, b in zip(session.events, session.events, strict=True))
+
+
+def header_data(
+    step: int, config: FrozenDict, messages: int, cache_prefix: int, rewritten: bool,
+    after_error: FrozenDict | None, queued: float | None,
+) -> FrozenDict:
+    fields: dict[str, Any] = {
+        "step": step, "provider": config["provider"], "model": config["model"],
+        "config": config, "adapter_defaults": (), "messages": messages,
+        "cache_prefix": cache_prefix,
+    }
+    if rewritten:
+        fields["rewritten"] = True
+    if after_error is not None:
+        fields["after_error"] = after_error
+    if queued is not None:
+        fields["queued_seconds"] = queued
+    return FrozenDict(fields)
+
+
+CONFIG = FrozenDict(provider="p", model="m", extra=FrozenDict())
+CALLS = [ToolCall(f"call_{k}", "add", FrozenDict(a=k)) for k in range(3)]
+
+step_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("writer"), st.integers(1, 4), st.integers(1, 3)),
+        st.tuples(st.just("text"), st.text(min_size=1, max_size=3)),
+        st.tuples(st.just("header"), st.integers(1, 4), st.integers(0, 9), st.integers(0, 9),
+                  st.booleans(), st.none() | st.just(FrozenDict(attempt=1)),
+                  st.none() | st.floats(0, 2)),
+        st.tuples(st.just("anchor"), st.integers(0, 2)),
+        st.tuples(st.just("call"), st.integers(0, 2)),
+        st.tuples(st.just("result"), st.integers(0, 2), st.sampled_from(["2", "", "Error: x"]),
+                  st.booleans(), st.none() | st.just("TOOL_ERROR")),
+        st.tuples(st.just("read"), st.integers(-40, 40)),
+        st.tuples(st.just("iterate"),),
+        st.tuples(st.just("listen"), st.booleans()),
+    ),
+    max_size=50,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(step_ops)
+def test_a_steps_header_call_and_result_read_as_an_eager_log_holds_them(
+    script: list[tuple[Any, ...]],
+) -> None:
+    """The request header, tool call and tool result of a step are kept as their parts
+    while nothing listens, as chunks are: every read gives the event an eager log holds,
+    and what the session derives from them (history, unanswered calls) is the same as a
+    session that folded the eager events."""
+    bus = EventBus()
+    session = Session("s", FrozenDict(), bus)
+    stop: Any = None
+    want: list[SessionEvent] = []
+    step = turn = 1
+    for op in script:
+        kind, n = op[0], len(want) + 1
+        if kind == "writer":
+            _, step, turn = op
+            session.text_writer(step, turn)
+        elif kind == "text":
+            session.text_writer(step, turn)(op[1])
+            want.append(text_event(n, turn, step, op[1]))
+        elif kind == "header":
+            _, step, messages, prefix, rewritten, after, queued = op
+            assert session.append_request_header(
+                turn, step, CONFIG, (), messages, prefix, rewritten, after, queued
+            ) == n
+            data = header_data(step, CONFIG, messages, prefix, rewritten, after, queued)
+            want.append(SessionEvent(n, "request/header", turn, data))
+        elif kind == "anchor":
+            call = CALLS[op[1]]
+            data = FrozenDict(
+                step=step, content="", reasoning=None, reasoning_signature=None,
+                tool_calls=(FrozenDict(id=call.id, name=call.name, arguments=call.arguments),),
+                source_event_seqs=(), finish_reason="tool_calls", usage=None,
+                interrupted=False,
+            )
+            session.append("assistant/message", data, turn)
+            want.append(SessionEvent(n, "assistant/message", turn, data))
+        elif kind == "call":
+            call = CALLS[op[1]]
+            assert session.append_tool_call(call, turn) == n
+            data = FrozenDict(call_id=call.id, name=call.name, arguments=call.arguments)
+            want.append(SessionEvent(n, "tool/call", turn, data))
+        elif kind == "result":
+            _, k, content, is_error, code = op
+            call = CALLS[k]
+            assert session.append_tool_result(call, content, is_error, code, turn) == n
+            data = FrozenDict(
+                call_id=call.id, name=call.name, content=content, is_error=is_error,
+                error_code=code,
+            )
+            want.append(SessionEvent(n, "tool/result", turn, data))
+        elif kind == "read":
+            i = op[1]
+            if -len(want) <= i < len(want):
+                assert session.events[i] == want[i]
+        elif kind == "iterate":
+            assert list(session.events) == want
+        elif kind == "listen":
+            if op[1] and stop is None:
+                stop = bus.on(SessionEventAppended, lambda e: None)
+            elif not op[1] and stop is not None:
+                stop()
+                stop = None
+        assert session.last_seq == len(want)
+    assert list(session.events) == want
+    # The same events folded one by one, as a stored log is.
+    eager = Session("s", FrozenDict(), EventBus())
+    eager.load(want)
+    assert list(session.messages()) == list(eager.messages())
+    assert session.unanswered == eager.unanswered
 
 
 def test_a_log_read_while_it_grows_sees_the_appends_that_follow() -> None:
