@@ -262,7 +262,6 @@ def tool_call_chunk(
 
 
 def assistant_message(
-    *,
     step: int | None,
     content: str,
     reasoning: str | None,

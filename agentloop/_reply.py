@@ -323,16 +323,10 @@ class _Fold:
         assert usage is None or isinstance(usage, FrozenDict)
         verdict = None if judge is None else judge(content, tool_calls)
         output = freeze(verdict.value) if verdict is not None and verdict.valid else None
-        self.session.append(
-            _log.ASSISTANT_MESSAGE,
-            _log.assistant_message(
-                step=self.step, content=content, reasoning=_reasoning_text(self.blocks),
-                reasoning_signature=self.signature, tool_calls=tool_calls,
-                source_event_seqs=tuple(self.seqs), finish_reason=reason, usage=usage,
-                interrupted=False, renamed=renamed,
-                reasoning_blocks=_blocks_json(self.blocks), output=output,
-            ),
-            self.turn,
+        self.session.append_reply(
+            self.turn, self.step, content, _reasoning_text(self.blocks), self.signature,
+            tool_calls, tuple(self.seqs), reason, usage, renamed, _blocks_json(self.blocks),
+            output,
         )
         return _outcome(reason, content, tool_calls, verdict)
 

@@ -23,7 +23,7 @@ from . import _log
 from ._bus import EventBus
 from ._errors import InvalidContent, PersistenceError
 from ._events import SessionEventAppended
-from ._json import FrozenDict
+from ._json import JSON, FrozenDict
 from ._model import (
     HistorySnapshot,
     Message,
@@ -232,22 +232,6 @@ def tool_calls_of(data: FrozenDict) -> tuple[ToolCall, ...]:
         c = calls[0]
         return (_call(c["id"], c["name"], c["arguments"]),)
     return tuple(_call(c["id"], c["name"], c["arguments"]) for c in calls)
-
-
-def _assistant(history: list[Message], event: SessionEvent) -> None:
-    data = event.data  # _log.AssistantMessageData
-    content = data.get("content") or ""
-    tool_calls = tool_calls_of(data)
-    reasoning = data.get("reasoning") or None
-    blocks = data.get("reasoning_blocks", ())
-    if not content and not tool_calls and not reasoning and not blocks:
-        return  # empty assistant content stays out of history
-    history.append(
-        _message_of(
-            "assistant", content, tool_calls, None, None, False, bool(data.get("interrupted")),
-            reasoning, data.get("reasoning_signature"), blocks,
-        )
-    )
 
 
 def _message(data: object) -> Message:
@@ -645,21 +629,34 @@ class Session:
         self._origins.append(event.seq)
 
     def _on_assistant(self, event: SessionEvent) -> None:
+        data = event.data  # _log.AssistantMessageData
+        self._anchored(
+            event.seq, data.get("content") or "", data.get("reasoning") or None,
+            data.get("reasoning_signature"), tool_calls_of(data), data.get("usage"),
+            data.get("reasoning_blocks", ()), bool(data.get("interrupted")),
+        )
+
+    def _anchored(
+        self, seq: int, content: str, reasoning: str | None, signature: str | None,
+        tool_calls: tuple[ToolCall, ...], usage: FrozenDict | None,
+        blocks: tuple[FrozenDict, ...], interrupted: bool,
+    ) -> None:
         history = self._history
-        n = len(history)
-        _assistant(history, event)
-        calls = None
-        if len(history) != n:
-            self._origins.append(event.seq)
-            calls = history[-1].tool_calls  # made from this event's data just now
-        data = event.data
-        usage = data.get("usage")
+        # Empty assistant content stays out of the history.
+        if content or tool_calls or reasoning or blocks:
+            history.append(
+                _message_of(
+                    "assistant", content, tool_calls, None, None, False, interrupted,
+                    reasoning, signature, blocks,
+                )
+            )
+            self._origins.append(seq)
         if usage:
             _add_usage(self._usage, usage)
             _add_usage(self._turn_usage, usage)
             self._last_call = (usage, len(history))
-        if not data.get("interrupted"):
-            for call in tool_calls_of(data) if calls is None else calls:
+        if not interrupted:
+            for call in tool_calls:
                 self._unanswered[call.id] = (call, False)
                 if self._call_ids is None:
                     self._call_ids = set()
@@ -756,6 +753,35 @@ class Session:
         ))
         self._woken()
         return len(log)
+
+    def append_reply(
+        self, turn: int, step: int, content: str, reasoning: str | None,
+        signature: str | None, tool_calls: tuple[ToolCall, ...], seqs: tuple[int, ...],
+        finish_reason: str | None, usage: FrozenDict | None, renamed: tuple[FrozenDict, ...],
+        blocks: tuple[FrozenDict, ...], output: JSON,
+    ) -> int:
+        """Append the ``assistant/message`` anchoring a completed (not interrupted) reply
+        (see :func:`_log.assistant_message`); returns its seq."""
+        if SessionEventAppended in self._listened:
+            return self.append(
+                _log.ASSISTANT_MESSAGE,
+                _log.assistant_message(
+                    step, content, reasoning, signature, tool_calls, seqs, finish_reason,
+                    usage, False, renamed, blocks, output,
+                ),
+                turn,
+            ).seq
+        log = self._log
+        log.append((
+            _log.ASSISTANT_MESSAGE, turn, _log.assistant_message, step, content, reasoning,
+            signature, tool_calls, seqs, finish_reason, usage, False, renamed, blocks, output,
+        ))
+        seq = len(log)
+        self._anchored(
+            seq, content, reasoning or None, signature, tool_calls, usage, blocks, False
+        )
+        self._woken()
+        return seq
 
     def append_tool_call(self, call: ToolCall, turn: int) -> int:
         """Append the ``tool/call`` of ``call``; returns its seq."""

@@ -153,6 +153,12 @@ step_ops = st.lists(
                   st.booleans(), st.none() | st.just(FrozenDict(attempt=1)),
                   st.none() | st.floats(0, 2)),
         st.tuples(st.just("anchor"), st.integers(0, 2)),
+        st.tuples(st.just("reply"), st.lists(st.integers(0, 2), max_size=2, unique=True),
+                  st.sampled_from(["", "hi"]), st.sampled_from([None, "", "hmm"]),
+                  st.none() | st.just("sig"), st.none() | st.just(FrozenDict(input_tokens=3)),
+                  st.sampled_from([(), (FrozenDict(type="thinking", thinking="hmm"),)]),
+                  st.sampled_from([(), (FrozenDict(id="call_0", original_id="c"),)]),
+                  st.none() | st.just(FrozenDict(answer=1))),
         st.tuples(st.just("call"), st.integers(0, 2)),
         st.tuples(st.just("result"), st.integers(0, 2), st.sampled_from(["2", "", "Error: x"]),
                   st.booleans(), st.none() | st.just("TOOL_ERROR")),
@@ -166,10 +172,10 @@ step_ops = st.lists(
 
 @settings(max_examples=300, deadline=None)
 @given(step_ops)
-def test_a_steps_header_call_and_result_read_as_an_eager_log_holds_them(
+def test_a_steps_header_reply_calls_and_results_read_as_an_eager_log_holds_them(
     script: list[tuple[Any, ...]],
 ) -> None:
-    """The request header, tool call and tool result of a step are kept as their parts
+    """The request header, reply anchor, tool calls and results of a step are kept as their parts
     while nothing listens, as chunks are: every read gives the event an eager log holds,
     and what the session derives from them (history, unanswered calls) is the same as a
     session that folded the eager events."""
@@ -203,6 +209,29 @@ def test_a_steps_header_call_and_result_read_as_an_eager_log_holds_them(
             )
             session.append("assistant/message", data, turn)
             want.append(SessionEvent(n, "assistant/message", turn, data))
+        elif kind == "reply":
+            _, picked, content, reasoning, sig, usage, blocks, renamed, output = op
+            calls = tuple(CALLS[k] for k in picked)
+            assert session.append_reply(
+                turn, step, content, reasoning, sig, calls, (1, 2), "stop", usage, renamed,
+                blocks, output,
+            ) == n
+            fields: dict[str, Any] = {
+                "step": step, "content": content, "reasoning": reasoning,
+                "reasoning_signature": sig,
+                "tool_calls": tuple(
+                    FrozenDict(id=c.id, name=c.name, arguments=c.arguments) for c in calls
+                ),
+                "source_event_seqs": (1, 2), "finish_reason": "stop", "usage": usage,
+                "interrupted": False,
+            }
+            if blocks:
+                fields["reasoning_blocks"] = blocks
+            if output is not None:
+                fields["output"] = output
+            if renamed:
+                fields["renamed_tool_call_ids"] = renamed
+            want.append(SessionEvent(n, "assistant/message", turn, FrozenDict(fields)))
         elif kind == "call":
             call = CALLS[op[1]]
             assert session.append_tool_call(call, turn) == n
@@ -236,6 +265,8 @@ def test_a_steps_header_call_and_result_read_as_an_eager_log_holds_them(
     eager.load(want)
     assert list(session.messages()) == list(eager.messages())
     assert session.unanswered == eager.unanswered
+    assert session.usage == eager.usage
+    assert session.unique_call_id("call_0", set()) == eager.unique_call_id("call_0", set())
 
 
 def test_a_log_read_while_it_grows_sees_the_appends_that_follow() -> None:
