@@ -832,12 +832,11 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         batch = self._inbox.claim(boundary=boundary)
         if not batch:
             return ()
-        bus, append = self._services.bus, self._session.append
+        bus, append = self._services.bus, self._session.append_claimed
         for is_prompt, m in batch:
             append(
                 _log.USER_MESSAGE if is_prompt else _log.STEERING_MESSAGE,
-                _log.claimed_message(m.id, m.content, m.source),
-                turn,
+                m.id, m.content, m.source, turn,
             )
             if bus.has_listeners(InboxClaimed):
                 bus.emit_nowait(InboxClaimed(self.id, m, turn))
@@ -865,7 +864,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             going_on = continue_crashed_turn(self._session, self._idempotent)
         else:
             turn = _Turn(self._session.turns + 1, started=trio.current_time())
-            self._session.append(_log.TURN_START, _log.turn_start(turn.number), turn.number)
+            self._session.append_turn_start(turn.number)
         # A resuming turn claims no prompt: queued input waits for the turn after it.
         claimed = () if resuming or going_on else self._claim(turn.number, boundary=True)
         if resuming:
@@ -927,23 +926,16 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             error = frozen
         reason = turn.reason or "error"
         cause = (self._cancel_cause or "user") if reason == "aborted" else None
-        end = self._session.append(
-            _log.TURN_END,
-            _log.turn_end(
-                turn.number, reason, cause=cause, error=error,
-                usage=self._session.turn_usage or None, detail=turn.detail,
-                output=(
-                    (turn.output.schema, turn.output.name)
-                    if reason == "suspended" and turn.output is not None else None
-                ),
-            ),
-            turn.number,
+        end_seq = self._session.append_turn_end(
+            turn.number, reason, cause, error, self._session.turn_usage or None, turn.detail,
+            (turn.output.schema, turn.output.name)
+            if reason == "suspended" and turn.output is not None else None,
         )
         bus = self._services.bus
         if not (bus.has_handlers(SessionFlush) or bus.has_listeners(AgentTurnEnd)):
             return  # nothing to wait for: no store to flush, nobody told of the end
         with trio.move_on_after(CLOSE_GRACE, shield=True):
-            pending = self._flush(end.seq)
+            pending = self._flush(end_seq)
             if pending is not None:
                 await pending
             if bus.has_listeners(AgentTurnEnd):

@@ -189,7 +189,7 @@ def turn_resumed(
 
 
 def turn_end(
-    turn: int, reason: str, *, cause: str | None = None, error: FrozenDict | None = None,
+    turn: int, reason: str, cause: str | None = None, error: FrozenDict | None = None,
     usage: FrozenDict | None = None, detail: str | None = None,
     output: tuple[FrozenDict, str] | None = None,
 ) -> FrozenDict:

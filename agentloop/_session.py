@@ -216,14 +216,6 @@ _call = stored_maker(ToolCall)
 _appended = stored_maker(SessionEventAppended)
 
 
-def _user(history: list[Message], event: SessionEvent) -> None:
-    data = event.data  # _log.ClaimedMessageData (not cast: a cast is a call at runtime)
-    content = data["content"]
-    if not isinstance(content, (str, tuple)):
-        raise TypeError(f"content must be text or a list of parts, got {content!r}")
-    history.append(_message_of("user", content, (), None, None, False, False, None, None, ()))
-
-
 def tool_calls_of(data: FrozenDict) -> tuple[ToolCall, ...]:
     calls = data.get("tool_calls", ())  # of _log.AssistantMessageData
     if not calls:
@@ -625,8 +617,16 @@ class Session:
     # a kind, found by one lookup (``_APPLY``): appends and ``load`` fold an event alike.
 
     def _on_user(self, event: SessionEvent) -> None:
-        _user(self._history, event)
-        self._origins.append(event.seq)
+        self._prompted(event.seq, event.data["content"])
+
+    def _prompted(self, seq: int, content: Any) -> None:
+        # _log.ClaimedMessageData's content (not cast: a cast is a call at runtime)
+        if not isinstance(content, (str, tuple)):
+            raise TypeError(f"content must be text or a list of parts, got {content!r}")
+        self._history.append(
+            _message_of("user", content, (), None, None, False, False, None, None, ())
+        )
+        self._origins.append(seq)
 
     def _on_assistant(self, event: SessionEvent) -> None:
         data = event.data  # _log.AssistantMessageData
@@ -701,8 +701,12 @@ class Session:
             self._awaiting.pop(event.data["call_id"], None)
 
     def _on_turn_start(self, event: SessionEvent) -> None:
-        self.turns = event.turn or self.turns + 1
-        self._open(event)
+        self._opened(event.turn)
+
+    def _opened(self, turn: int | None) -> None:
+        self.turns = turn or self.turns + 1
+        self._open_turn = turn
+        self._turn_usage = {}
 
     def _on_turn_end(self, event: SessionEvent) -> None:
         self._open_turn = None
@@ -782,6 +786,50 @@ class Session:
         )
         self._woken()
         return seq
+
+    def append_turn_start(self, turn: int) -> int:
+        """Append the ``turn/start`` of ``turn``; returns its seq."""
+        if SessionEventAppended in self._listened:
+            return self.append(_log.TURN_START, _log.turn_start(turn), turn).seq
+        log = self._log
+        log.append((_log.TURN_START, turn, _log.turn_start, turn))
+        self._opened(turn)
+        self._woken()
+        return len(log)
+
+    def append_claimed(
+        self, type_: str, message_id: str, content: Any, source: JSON, turn: int
+    ) -> int:
+        """Append a claimed ``user/message`` or ``steering/message`` (``type_``); returns
+        its seq."""
+        if SessionEventAppended in self._listened:
+            return self.append(
+                type_, _log.claimed_message(message_id, content, source), turn
+            ).seq
+        log = self._log
+        log.append((type_, turn, _log.claimed_message, message_id, content, source))
+        seq = len(log)
+        self._prompted(seq, content)
+        self._woken()
+        return seq
+
+    def append_turn_end(
+        self, turn: int, reason: str, cause: str | None, error: FrozenDict | None,
+        usage: FrozenDict | None, detail: str | None, output: tuple[FrozenDict, str] | None,
+    ) -> int:
+        """Append the ``turn/end`` of ``turn`` (see :func:`_log.turn_end`); returns its seq."""
+        if SessionEventAppended in self._listened:
+            return self.append(
+                _log.TURN_END,
+                _log.turn_end(turn, reason, cause, error, usage, detail, output),
+                turn,
+            ).seq
+        log = self._log
+        log.append((_log.TURN_END, turn, _log.turn_end, turn, reason, cause, error, usage,
+                    detail, output))
+        self._open_turn = None
+        self._woken()
+        return len(log)
 
     def append_tool_call(self, call: ToolCall, turn: int) -> int:
         """Append the ``tool/call`` of ``call``; returns its seq."""

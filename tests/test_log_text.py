@@ -162,6 +162,13 @@ step_ops = st.lists(
         st.tuples(st.just("call"), st.integers(0, 2)),
         st.tuples(st.just("result"), st.integers(0, 2), st.sampled_from(["2", "", "Error: x"]),
                   st.booleans(), st.none() | st.just("TOOL_ERROR")),
+        st.tuples(st.just("turn/start"),),
+        st.tuples(st.just("claimed"), st.sampled_from(["user/message", "steering/message"]),
+                  st.sampled_from(["go", ("part",)]), st.none() | st.just(FrozenDict(via="x"))),
+        st.tuples(st.just("turn/end"), st.sampled_from(["completed", "aborted"]),
+                  st.none() | st.just("user"), st.none() | st.just(FrozenDict(type="E")),
+                  st.none() | st.just(FrozenDict(input_tokens=1)), st.sampled_from([None, "", "d"]),
+                  st.none() | st.just((FrozenDict(type="object"), "answer"))),
         st.tuples(st.just("read"), st.integers(-40, 40)),
         st.tuples(st.just("iterate"),),
         st.tuples(st.just("listen"), st.booleans()),
@@ -175,10 +182,11 @@ step_ops = st.lists(
 def test_a_steps_header_reply_calls_and_results_read_as_an_eager_log_holds_them(
     script: list[tuple[Any, ...]],
 ) -> None:
-    """The request header, reply anchor, tool calls and results of a step are kept as their parts
-    while nothing listens, as chunks are: every read gives the event an eager log holds,
-    and what the session derives from them (history, unanswered calls) is the same as a
-    session that folded the eager events."""
+    """A turn's start and end, its claimed messages, and each step's request header, reply
+    anchor, tool calls and results are kept as their parts while nothing listens, as chunks
+    are: every read gives the event an eager log holds, and what the session derives from
+    them (history, unanswered calls, usage, the open turn) is what a session that folded the
+    eager events derives."""
     bus = EventBus()
     session = Session("s", FrozenDict(), bus)
     stop: Any = None
@@ -209,6 +217,29 @@ def test_a_steps_header_reply_calls_and_results_read_as_an_eager_log_holds_them(
             )
             session.append("assistant/message", data, turn)
             want.append(SessionEvent(n, "assistant/message", turn, data))
+        elif kind == "turn/start":
+            turn = session.turns + 1
+            assert session.append_turn_start(turn) == n
+            want.append(SessionEvent(n, "turn/start", turn, FrozenDict(turn=turn)))
+        elif kind == "claimed":
+            _, type_, content, source = op
+            assert session.append_claimed(type_, f"m{n}", content, source, turn) == n
+            data = FrozenDict(message_id=f"m{n}", content=content, source=source)
+            want.append(SessionEvent(n, type_, turn, data))
+        elif kind == "turn/end":
+            _, reason, cause, error, usage, detail, output = op
+            assert session.append_turn_end(
+                turn, reason, cause, error, usage, detail, output
+            ) == n
+            ended: dict[str, Any] = {"turn": turn, "reason": reason}
+            for key, value in (("cause", cause), ("error", error), ("usage", usage)):
+                if value is not None:
+                    ended[key] = value
+            if detail:
+                ended["detail"] = detail
+            if output is not None:
+                ended["output_schema"], ended["output_name"] = output
+            want.append(SessionEvent(n, "turn/end", turn, FrozenDict(ended)))
         elif kind == "reply":
             _, picked, content, reasoning, sig, usage, blocks, renamed, output = op
             calls = tuple(CALLS[k] for k in picked)
@@ -266,6 +297,8 @@ def test_a_steps_header_reply_calls_and_results_read_as_an_eager_log_holds_them(
     assert list(session.messages()) == list(eager.messages())
     assert session.unanswered == eager.unanswered
     assert session.usage == eager.usage
+    assert session.turn_usage == eager.turn_usage
+    assert (session.turns, session.open_turn()) == (eager.turns, eager.open_turn())
     assert session.unique_call_id("call_0", set()) == eager.unique_call_id("call_0", set())
 
 
