@@ -687,6 +687,8 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             assert cancel is not None
             self._wake_flag = False
             await self._turn(cancel)
+            # An idle actor keeps nothing of its last turn: its cancel held the turn's scope.
+            del cancel
             if self._stopping():
                 return False
             # A waking steer still pending needs a turn too: a keep-inbox cancel between its

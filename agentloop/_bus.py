@@ -438,6 +438,7 @@ class EventBus:
 
     def __init__(self) -> None:
         self._handlers: dict[type[Event], list[_Handler]] = {}
+        self._handled = self._handlers.keys()  # live: one view, not one per question
         self._subs: dict[type[Event], list[_Feed]] = {}
         # The classes with a handler or a subscriber: one lookup for the hot paths' pre-check.
         self._listened: set[type[Event]] = set()
@@ -490,7 +491,7 @@ class EventBus:
         """The classes :meth:`has_handlers` is true of, as a live read-only set: a loop that
         asks about several classes on every step keeps it and tests membership, without a
         call each time."""
-        return self._handlers.keys()
+        return self._handled
 
     def on(
         self,

@@ -584,3 +584,28 @@ async def test_wait_idle_on_a_settled_agent_checks_for_cancellation(rt, model) -
         await handle.agent.wait_idle()
         pytest.fail("wait_idle returned in a cancelled scope")
     assert scope.cancelled_caught
+
+
+async def test_an_idle_actor_holds_no_cancel_scope_of_its_last_turn(rt, model) -> None:
+    """An agent that ran a turn and went idle keeps nothing of the turn's cancel: a scope
+    an idle agent held would cost every idle agent its size, and the cycle collector a visit."""
+    model.add(*["done"] * 8)
+
+    def scopes() -> int:
+        gc.collect()
+        return sum(isinstance(o, trio.CancelScope) for o in gc.get_objects())
+
+    handles = [
+        await rt.agents.create(session_id=f"idle{i}", agent_options=OPTIONS) for i in range(8)
+    ]
+    await trio.testing.wait_all_tasks_blocked()
+    before = scopes()
+    for h in handles:
+        h.agent.followup("go")
+    for h in handles:
+        await h.agent.wait_idle()
+    await trio.testing.wait_all_tasks_blocked()
+    assert all(h.agent.status == "idle" for h in handles)
+    assert scopes() == before
+    for h in handles:
+        await h.aclose()
