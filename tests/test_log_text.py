@@ -128,18 +128,15 @@ def header_data(
     step: int, config: FrozenDict, messages: int, cache_prefix: int, rewritten: bool,
     after_error: FrozenDict | None, queued: float | None,
 ) -> FrozenDict:
-    fields: dict[str, Any] = {
-        "step": step, "provider": config["provider"], "model": config["model"],
-        "config": config, "adapter_defaults": (), "messages": messages,
-        "cache_prefix": cache_prefix,
+    optional = {
+        "rewritten": True if rewritten else None, "after_error": after_error,
+        "queued_seconds": queued,
     }
-    if rewritten:
-        fields["rewritten"] = True
-    if after_error is not None:
-        fields["after_error"] = after_error
-    if queued is not None:
-        fields["queued_seconds"] = queued
-    return FrozenDict(fields)
+    return FrozenDict(
+        step=step, provider=config["provider"], model=config["model"], config=config,
+        adapter_defaults=(), messages=messages, cache_prefix=cache_prefix,
+        **{key: value for key, value in optional.items() if value is not None},
+    )
 
 
 CONFIG = FrozenDict(provider="p", model="m", extra=FrozenDict())
