@@ -842,6 +842,8 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
             )
             if bus.has_listeners(InboxClaimed):
                 bus.emit_nowait(InboxClaimed(self.id, m, turn))
+        if len(batch) == 1:
+            return (batch[0][1],)  # the usual claim: no generator for it
         return tuple(m for _, m in batch)
 
     async def _turn(self, cancel: TurnCancel) -> None:

@@ -152,14 +152,14 @@ def _no_handlers(code: types.CodeType) -> bool:
     )
 
 
-def _reasoning_text(blocks: dict[int, _BlockParts]) -> str | None:
+def _reasoning_text(blocks: dict[int, _BlockParts] | None) -> str | None:
     if not blocks:
         return None  # most replies have no reasoning
     # Blocks in the order they opened; one provider's blocks never interleave.
     return "".join(piece for b in blocks.values() for piece in b.texts) or None
 
 
-def _blocks_json(blocks: dict[int, _BlockParts]) -> tuple[FrozenDict, ...]:
+def _blocks_json(blocks: dict[int, _BlockParts] | None) -> tuple[FrozenDict, ...]:
     if not blocks or not any(b.kept for b in blocks.values()):
         return ()  # plain reasoning text: ``reasoning`` says it all
     return tuple(b.to_json() for _, b in sorted(blocks.items()))
@@ -193,7 +193,7 @@ class _Fold:
         self.seqs: list[int] = []
         # The tool-call chunks (the user saw all the others); made by the first.
         self.calls_at: list[int] | None = None
-        self.blocks: dict[int, _BlockParts] = {}
+        self.blocks: dict[int, _BlockParts] | None = None  # made by the first reasoning part
         self.block_no = -1
         self.block: _BlockParts | None = None  # the open reasoning block (of ``block_no``)
         self.signature: str | None = None
@@ -208,9 +208,12 @@ class _Fold:
             or part.format is not None or part.fields is not None
         ):
             self.block_no = part.block
-            block = self.blocks.get(part.block)
+            blocks = self.blocks
+            if blocks is None:
+                blocks = self.blocks = {}
+            block = blocks.get(part.block)
             if block is None:
-                block = self.blocks[part.block] = _BlockParts()
+                block = blocks[part.block] = _BlockParts()
             block.note(part)
             self.signature = block.signature or self.signature
             self.block = block
@@ -323,10 +326,11 @@ class _Fold:
         assert usage is None or isinstance(usage, FrozenDict)
         verdict = None if judge is None else judge(content, tool_calls)
         output = freeze(verdict.value) if verdict is not None and verdict.valid else None
+        blocks = self.blocks  # None for most replies: no call for their reasoning
         self.session.append_reply(
-            self.turn, self.step, content, _reasoning_text(self.blocks), self.signature,
-            tool_calls, tuple(self.seqs), reason, usage, renamed, _blocks_json(self.blocks),
-            output,
+            self.turn, self.step, content, _reasoning_text(blocks) if blocks else None,
+            self.signature, tool_calls, tuple(self.seqs), reason, usage, renamed,
+            _blocks_json(blocks) if blocks else (), output,
         )
         return _outcome(reason, content, tool_calls, verdict)
 
