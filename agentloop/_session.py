@@ -729,10 +729,12 @@ class Session:
             wake()
         return event
 
-    # A step's request header, tool call and result, kept as their parts while nothing
-    # listens to appends (as a chunk is): the event, and its frozen data, are made when
-    # something reads the entry, and are the ones ``append`` would have made. What the
-    # session derives from the event is derived from the parts, now.
+    # A step's request header, reply anchor, tool calls and results, and a turn's start,
+    # claimed messages and end, are appended as their parts, as a chunk is: the event, and
+    # its frozen data, are made when something reads the entry (or at once, for a listener:
+    # ``_announce_last``), and are the ones ``append`` would have made. What the session
+    # derives from the event is derived from the parts, by the fold an eager event goes
+    # through.
 
     def append_request_header(
         self, turn: int, step: int, config: FrozenDict, adapter_defaults: tuple[str, ...],
@@ -741,21 +743,12 @@ class Session:
     ) -> int:
         """Append the ``request/header`` of ``step`` (see :func:`_log.request_header`);
         returns its seq."""
-        if SessionEventAppended in self._listened:
-            return self.append(
-                _log.REQUEST_HEADER,
-                _log.request_header(
-                    step, config, adapter_defaults, messages, cache_prefix, rewritten,
-                    after_error, queued_seconds,
-                ),
-                turn,
-            ).seq
         log = self._log
         log.append((
             _log.REQUEST_HEADER, turn, _log.request_header, step, config, adapter_defaults,
             messages, cache_prefix, rewritten, after_error, queued_seconds,
         ))
-        self._woken()
+        self._announce_last()
         return len(log)
 
     def append_reply(
@@ -766,15 +759,6 @@ class Session:
     ) -> int:
         """Append the ``assistant/message`` anchoring a completed (not interrupted) reply
         (see :func:`_log.assistant_message`); returns its seq."""
-        if SessionEventAppended in self._listened:
-            return self.append(
-                _log.ASSISTANT_MESSAGE,
-                _log.assistant_message(
-                    step, content, reasoning, signature, tool_calls, seqs, finish_reason,
-                    usage, False, renamed, blocks, output,
-                ),
-                turn,
-            ).seq
         log = self._log
         log.append((
             _log.ASSISTANT_MESSAGE, turn, _log.assistant_message, step, content, reasoning,
@@ -784,17 +768,15 @@ class Session:
         self._anchored(
             seq, content, reasoning or None, signature, tool_calls, usage, blocks, False
         )
-        self._woken()
+        self._announce_last()
         return seq
 
     def append_turn_start(self, turn: int) -> int:
         """Append the ``turn/start`` of ``turn``; returns its seq."""
-        if SessionEventAppended in self._listened:
-            return self.append(_log.TURN_START, _log.turn_start(turn), turn).seq
         log = self._log
         log.append((_log.TURN_START, turn, _log.turn_start, turn))
         self._opened(turn)
-        self._woken()
+        self._announce_last()
         return len(log)
 
     def append_claimed(
@@ -802,15 +784,11 @@ class Session:
     ) -> int:
         """Append a claimed ``user/message`` or ``steering/message`` (``type_``); returns
         its seq."""
-        if SessionEventAppended in self._listened:
-            return self.append(
-                type_, _log.claimed_message(message_id, content, source), turn
-            ).seq
         log = self._log
         log.append((type_, turn, _log.claimed_message, message_id, content, source))
         seq = len(log)
         self._prompted(seq, content)
-        self._woken()
+        self._announce_last()
         return seq
 
     def append_turn_end(
@@ -818,27 +796,19 @@ class Session:
         usage: FrozenDict | None, detail: str | None, output: tuple[FrozenDict, str] | None,
     ) -> int:
         """Append the ``turn/end`` of ``turn`` (see :func:`_log.turn_end`); returns its seq."""
-        if SessionEventAppended in self._listened:
-            return self.append(
-                _log.TURN_END,
-                _log.turn_end(turn, reason, cause, error, usage, detail, output),
-                turn,
-            ).seq
         log = self._log
         log.append((_log.TURN_END, turn, _log.turn_end, turn, reason, cause, error, usage,
                     detail, output))
         self._open_turn = None
-        self._woken()
+        self._announce_last()
         return len(log)
 
     def append_tool_call(self, call: ToolCall, turn: int) -> int:
         """Append the ``tool/call`` of ``call``; returns its seq."""
-        if SessionEventAppended in self._listened:
-            return self.append(_log.TOOL_CALL, _log.tool_call(call), turn).seq
         log = self._log
         log.append((_log.TOOL_CALL, turn, _log.tool_call, call))
         self._call_logged(call.id)
-        self._woken()
+        self._announce_last()
         return len(log)
 
     def append_tool_result(
@@ -846,18 +816,20 @@ class Session:
     ) -> int:
         """Append the ``tool/result`` of ``call`` with text ``content`` already checked as
         storable as it is (no repair to note); returns its seq."""
-        if SessionEventAppended in self._listened:
-            return self.append(
-                _log.TOOL_RESULT, _log.tool_result(call, content, is_error, error_code), turn
-            ).seq
         log = self._log
         log.append((_log.TOOL_RESULT, turn, _log.tool_result, call, content, is_error, error_code))
         seq = len(log)
         self._answered(seq, call.id, call.name, content, bool(is_error))
-        self._woken()
+        self._announce_last()
         return seq
 
-    def _woken(self) -> None:
+    def _announce_last(self) -> None:
+        """After the entry just appended as its parts is folded: a listener takes its event
+        now (made as a read would make it, and kept in the log), and a parked reader wakes."""
+        if SessionEventAppended in self._listened:
+            log = self._log
+            event = _settle(log, self._runs(), len(log) - 1)
+            self._announce.publish(_appended(self.id, event))
         wake = self._wake
         if wake is not None:
             self._wake = None  # once: a reader that parks again sets it again

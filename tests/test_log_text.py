@@ -188,6 +188,8 @@ def test_a_steps_header_reply_calls_and_results_read_as_an_eager_log_holds_them(
     session = Session("s", FrozenDict(), bus)
     stop: Any = None
     want: list[SessionEvent] = []
+    published: list[SessionEvent] = []
+    heard: list[int] = []  # the seqs appended while something listened
     step = turn = 1
     for op in script:
         kind, n = op[0], len(want) + 1
@@ -282,12 +284,17 @@ def test_a_steps_header_reply_calls_and_results_read_as_an_eager_log_holds_them(
             assert list(session.events) == want
         elif kind == "listen":
             if op[1] and stop is None:
-                stop = bus.on(SessionEventAppended, lambda e: None)
+                stop = bus.on(SessionEventAppended, lambda e: published.append(e.event))
             elif not op[1] and stop is not None:
                 stop()
                 stop = None
         assert session.last_seq == len(want)
+        if stop is not None and kind not in ("writer", "read", "iterate", "listen"):
+            heard.append(len(want))
     assert list(session.events) == want
+    # A listener heard each event appended while it listened, once, as the log holds it.
+    assert [e.seq for e in published] == heard
+    assert all(session.events[e.seq - 1] is e for e in published)
     # The same events folded one by one, as a stored log is.
     eager = Session("s", FrozenDict(), EventBus())
     eager.load(want)
