@@ -40,22 +40,51 @@ def call_event(
     return SessionEvent(seq, CHUNK, turn, FrozenDict(step=step, kind="tool_call", delta=delta))
 
 
+# The operations both properties below draw from: a step's text writer, a text chunk, and
+# the reads and listeners that must not change what the log says.
+writer = st.tuples(st.just("writer"), st.integers(1, 4), st.integers(1, 3))
+text = st.tuples(st.just("text"), st.text(min_size=1, max_size=3))
+read = st.tuples(st.just("read"), st.integers(-40, 40))
+iterate = st.tuples(st.just("iterate"),)
+listen = st.tuples(st.just("listen"), st.booleans())
+
+class Ear:
+    """A handler on appends that a script turns on and off, and the events it heard."""
+
+    def __init__(self, bus: EventBus) -> None:
+        self.bus = bus
+        self.heard: list[SessionEvent] = []
+        self.stop: Any = None
+
+    def listen(self, on: bool) -> None:
+        if on and self.stop is None:
+            self.stop = self.bus.on(SessionEventAppended, lambda e: self.heard.append(e.event))
+        elif not on and self.stop is not None:
+            self.stop()
+            self.stop = None
+
+
+def assert_read(session: Session, want: list[SessionEvent], i: int) -> None:
+    if -len(want) <= i < len(want):
+        assert session.events[i] == want[i]
+
+
 ops = st.lists(
     st.one_of(
-        st.tuples(st.just("writer"), st.integers(1, 4), st.integers(1, 3)),
-        st.tuples(st.just("text"), st.text(min_size=1, max_size=3)),
+        writer,
+        text,
         st.tuples(st.just("call"), st.tuples(
             st.integers(0, 2), st.none() | st.just("call_1"), st.none() | st.just("add"),
             st.sampled_from(["", '{"a"', ": 1}", "{}"]),
         )),
         st.tuples(st.just("other"), st.sampled_from(["turn/start", "turn/end", "request/header"])),
-        st.tuples(st.just("read"), st.integers(-40, 40)),
+        read,
         st.tuples(st.just("slice"), st.integers(-40, 40), st.integers(-40, 40),
                   st.sampled_from([None, 1, 2, -1, -3])),
         st.tuples(st.just("event_at"), st.integers(0, 40)),
-        st.tuples(st.just("iterate"),),
+        iterate,
         st.tuples(st.just("open_turn"),),
-        st.tuples(st.just("listen"), st.booleans()),
+        listen,
     ),
     max_size=60,
 )
@@ -68,8 +97,7 @@ def test_every_read_of_the_log_gives_the_events_an_eager_log_holds(
 ) -> None:
     bus = EventBus()
     session = Session("s", FrozenDict(), bus)
-    published: list[SessionEvent] = []
-    stop: Any = None
+    ear = Ear(bus)
     want: list[SessionEvent] = []  # what a log that made every event at once would hold
     write = None
     step = turn = 0
@@ -96,9 +124,7 @@ def test_every_read_of_the_log_gives_the_events_an_eager_log_holds(
             elif t == "turn/end":
                 open_turn = None
         elif kind == "read":
-            i = op[1]
-            if -len(want) <= i < len(want):
-                assert session.events[i] == want[i]
+            assert_read(session, want, op[1])
         elif kind == "slice":
             s = slice(op[1], op[2], op[3])
             assert list(session.events[s]) == want[s]
@@ -110,15 +136,11 @@ def test_every_read_of_the_log_gives_the_events_an_eager_log_holds(
         elif kind == "open_turn":
             assert session.open_turn() == open_turn
         elif kind == "listen":
-            if op[1] and stop is None:
-                stop = bus.on(SessionEventAppended, lambda e: published.append(e.event))
-            elif not op[1] and stop is not None:
-                stop()
-                stop = None
+            ear.listen(op[1])
         assert len(session.events) == session.last_seq == len(want)
     assert list(session.events) == want
     # What was published while something listened is the log's own event, not a copy.
-    for event in published:
+    for event in ear.heard:
         assert session.events[event.seq - 1] is event
     # A read keeps the event it made: a second read gives the same object.
     assert all(a is b for a, b in zip(session.events, session.events, strict=True))
@@ -144,8 +166,8 @@ CALLS = [ToolCall(f"call_{k}", "add", FrozenDict(a=k)) for k in range(3)]
 
 step_ops = st.lists(
     st.one_of(
-        st.tuples(st.just("writer"), st.integers(1, 4), st.integers(1, 3)),
-        st.tuples(st.just("text"), st.text(min_size=1, max_size=3)),
+        writer,
+        text,
         st.tuples(st.just("header"), st.integers(1, 4), st.integers(0, 9), st.integers(0, 9),
                   st.booleans(), st.none() | st.just(FrozenDict(attempt=1)),
                   st.none() | st.floats(0, 2)),
@@ -166,9 +188,9 @@ step_ops = st.lists(
                   st.none() | st.just("user"), st.none() | st.just(FrozenDict(type="E")),
                   st.none() | st.just(FrozenDict(input_tokens=1)), st.sampled_from([None, "", "d"]),
                   st.none() | st.just((FrozenDict(type="object"), "answer"))),
-        st.tuples(st.just("read"), st.integers(-40, 40)),
-        st.tuples(st.just("iterate"),),
-        st.tuples(st.just("listen"), st.booleans()),
+        read,
+        iterate,
+        listen,
     ),
     max_size=50,
 )
@@ -186,9 +208,8 @@ def test_a_steps_header_reply_calls_and_results_read_as_an_eager_log_holds_them(
     eager events derives."""
     bus = EventBus()
     session = Session("s", FrozenDict(), bus)
-    stop: Any = None
+    ear = Ear(bus)
     want: list[SessionEvent] = []
-    published: list[SessionEvent] = []
     heard: list[int] = []  # the seqs appended while something listened
     step = turn = 1
     for op in script:
@@ -277,24 +298,18 @@ def test_a_steps_header_reply_calls_and_results_read_as_an_eager_log_holds_them(
             )
             want.append(SessionEvent(n, "tool/result", turn, data))
         elif kind == "read":
-            i = op[1]
-            if -len(want) <= i < len(want):
-                assert session.events[i] == want[i]
+            assert_read(session, want, op[1])
         elif kind == "iterate":
             assert list(session.events) == want
         elif kind == "listen":
-            if op[1] and stop is None:
-                stop = bus.on(SessionEventAppended, lambda e: published.append(e.event))
-            elif not op[1] and stop is not None:
-                stop()
-                stop = None
+            ear.listen(op[1])
         assert session.last_seq == len(want)
-        if stop is not None and kind not in ("writer", "read", "iterate", "listen"):
+        if ear.stop is not None and kind not in ("writer", "read", "iterate", "listen"):
             heard.append(len(want))
     assert list(session.events) == want
     # A listener heard each event appended while it listened, once, as the log holds it.
-    assert [e.seq for e in published] == heard
-    assert all(session.events[e.seq - 1] is e for e in published)
+    assert [e.seq for e in ear.heard] == heard
+    assert all(session.events[e.seq - 1] is e for e in ear.heard)
     # The same events folded one by one, as a stored log is.
     eager = Session("s", FrozenDict(), EventBus())
     eager.load(want)
