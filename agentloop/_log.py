@@ -312,11 +312,17 @@ def tool_result(
     call: ToolCall, content: JSON, is_error: bool, error_code: str | None,
     repaired: bool = False,
 ) -> FrozenDict:
-    fields = FrozenDict(
-        call_id=call.id, name=call.name, content=content, is_error=is_error,
-        error_code=error_code,
-    )
+    fields = result_of(call.id, call.name, content, is_error, error_code)
     return FrozenDict(fields, repaired=True) if repaired else fields
+
+
+def result_of(
+    call_id: str, name: str, content: JSON, is_error: bool, error_code: str | None
+) -> FrozenDict:
+    """A ``tool/result`` payload from its parts (no repair noted)."""
+    return FrozenDict(
+        call_id=call_id, name=name, content=content, is_error=is_error, error_code=error_code
+    )
 
 
 def approval_requested(call: ToolCall, arguments: FrozenDict, prompt: str) -> FrozenDict:

@@ -64,9 +64,25 @@ def validate_session_id(session_id: object, what: str = "session id") -> str:
 
 
 # A log entry: an event, or the parts of one not read yet (Session._log): a text chunk's
-# delta, a tool-call chunk's (index, id, name, arguments), or (type, turn, make, *args) of
-# an event whose data is ``make(*args)``.
+# delta, a tool-call chunk's (index, id, name, arguments), or (type, turn, *args) of an
+# event whose data is ``_MAKE[type](*args)``.
 _Entry = SessionEvent | str | tuple[Any, ...]
+
+# The function that makes the data of each type of event a session keeps as its parts. The
+# entry names its type, not the function: an entry of strings, numbers and None (a turn's
+# start and end, a claimed message, a text result, a reply without calls) is then one the
+# cycle collector stops tracking after one look, instead of tracing it in every collection
+# of the older generations for as long as the session lives.
+_MAKE: dict[str, Callable[..., FrozenDict]] = {
+    _log.REQUEST_HEADER: _log.request_header,
+    _log.ASSISTANT_MESSAGE: _log.assistant_message,
+    _log.TOOL_CALL: _log.tool_call,
+    _log.TOOL_RESULT: _log.result_of,
+    _log.TURN_START: _log.turn_start,
+    _log.USER_MESSAGE: _log.claimed_message,
+    _log.STEERING_MESSAGE: _log.claimed_message,
+    _log.TURN_END: _log.turn_end,
+}
 
 
 class LogView(Sequence[SessionEvent]):
@@ -202,7 +218,7 @@ def _settle(log: list[_Entry], runs: list[tuple[int, int, int]], index: int) -> 
                 index + 1, _log.ASSISTANT_CHUNK, turn, _log.tool_call_chunk(step, *parts)
             )
         else:
-            event = _event(index + 1, parts[0], parts[1], parts[2](*parts[3:]))
+            event = _event(index + 1, parts[0], parts[1], _MAKE[parts[0]](*parts[2:]))
     log[index] = event
     return event
 
@@ -745,7 +761,7 @@ class Session:
         returns its seq."""
         log = self._log
         log.append((
-            _log.REQUEST_HEADER, turn, _log.request_header, step, config, adapter_defaults,
+            _log.REQUEST_HEADER, turn, step, config, adapter_defaults,
             messages, cache_prefix, rewritten, after_error, queued_seconds,
         ))
         self._announce_last()
@@ -761,7 +777,7 @@ class Session:
         (see :func:`_log.assistant_message`); returns its seq."""
         log = self._log
         log.append((
-            _log.ASSISTANT_MESSAGE, turn, _log.assistant_message, step, content, reasoning,
+            _log.ASSISTANT_MESSAGE, turn, step, content, reasoning,
             signature, tool_calls, seqs, finish_reason, usage, False, renamed, blocks, output,
         ))
         seq = len(log)
@@ -774,7 +790,7 @@ class Session:
     def append_turn_start(self, turn: int) -> int:
         """Append the ``turn/start`` of ``turn``; returns its seq."""
         log = self._log
-        log.append((_log.TURN_START, turn, _log.turn_start, turn))
+        log.append((_log.TURN_START, turn, turn))
         self._opened(turn)
         self._announce_last()
         return len(log)
@@ -785,7 +801,7 @@ class Session:
         """Append a claimed ``user/message`` or ``steering/message`` (``type_``); returns
         its seq."""
         log = self._log
-        log.append((type_, turn, _log.claimed_message, message_id, content, source))
+        log.append((type_, turn, message_id, content, source))
         seq = len(log)
         self._prompted(seq, content)
         self._announce_last()
@@ -797,7 +813,7 @@ class Session:
     ) -> int:
         """Append the ``turn/end`` of ``turn`` (see :func:`_log.turn_end`); returns its seq."""
         log = self._log
-        log.append((_log.TURN_END, turn, _log.turn_end, turn, reason, cause, error, usage,
+        log.append((_log.TURN_END, turn, turn, reason, cause, error, usage,
                     detail, output))
         self._open_turn = None
         self._announce_last()
@@ -806,7 +822,7 @@ class Session:
     def append_tool_call(self, call: ToolCall, turn: int) -> int:
         """Append the ``tool/call`` of ``call``; returns its seq."""
         log = self._log
-        log.append((_log.TOOL_CALL, turn, _log.tool_call, call))
+        log.append((_log.TOOL_CALL, turn, call))
         self._call_logged(call.id)
         self._announce_last()
         return len(log)
@@ -817,7 +833,7 @@ class Session:
         """Append the ``tool/result`` of ``call`` with text ``content`` already checked as
         storable as it is (no repair to note); returns its seq."""
         log = self._log
-        log.append((_log.TOOL_RESULT, turn, _log.tool_result, call, content, is_error, error_code))
+        log.append((_log.TOOL_RESULT, turn, call.id, call.name, content, is_error, error_code))
         seq = len(log)
         self._answered(seq, call.id, call.name, content, bool(is_error))
         self._announce_last()
