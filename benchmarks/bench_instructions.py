@@ -11,11 +11,13 @@ the difference, divided by the 200 steps between them, is what a step costs, sta
 imports cancelled out. Two runs of one tree agree within about 0.5%: trio runs the tasks
 of each pass of its loop in an order it picks at random, and whether a step's actor runs
 before or after its tool's task decides whether it waits a pass more; compare the mean of
-a few runs. The same is done for the bare trio loop of the yardstick's floor
-(``floor_trio.py``'s W1, written out below), so the ratio is the yardstick's W1 ratio
-counted in instructions. A third loop is that floor in the design
-card's shape (an actor task fed by a channel, a task per tool call): the least the shape
-itself costs.
+a few runs, or pass ``--seed N``, which seeds that order (trio's scheduler's random
+generator, a private of trio's: a benchmark's reach, never the library's) so that runs of
+one tree agree to the instruction and two trees differ only by what their code does.
+The same is done for the bare trio loop of the yardstick's floor (``floor_trio.py``'s W1,
+written out below), so the ratio is the yardstick's W1 ratio counted in instructions. A
+third loop is that floor in the design card's shape (an actor task fed by a channel, a
+task per tool call): the least the shape itself costs.
 
 Instructions are not time: a step's memory traffic and branches do not count the same, and
 the ratio counted here runs below the timed one (8.1x counted when the yardstick timed 10.3x
@@ -46,6 +48,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 STEPS = 50
+SEED: int | None = None  # --seed: trio's batch order, fixed in every child
 CHUNKS = [f"tok{i} " for i in range(10)]
 
 
@@ -261,6 +264,8 @@ def count(
     ``subscribers`` 1 or 0 for with or without the turns): ``Ir`` (instructions) and, with
     ``caches``, the simulated first-level misses (``I1mr`` code, ``D1mr``/``D1mw`` data)."""
     env = dict(os.environ, PYTHONHASHSEED="0")
+    if SEED is not None:
+        env["BENCH_TRIO_SEED"] = str(SEED)
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (pythonpath, os.path.join(pythonpath, "plugins"),
@@ -305,8 +310,12 @@ def main() -> None:
                         help="also count first-level cache misses (simulated; slower)")
     parser.add_argument("--quick", action="store_true",
                         help="run each loop for one turn, uncounted (checks that they run)")
+    parser.add_argument("--seed", type=int,
+                        help="seed trio's order of running each pass's tasks (exact repeats)")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global SEED
+    SEED = args.seed
     if args.quick:
         import trio
 
@@ -320,6 +329,10 @@ def main() -> None:
         return
     if args.child:
         import trio
+
+        seed = os.environ.get("BENCH_TRIO_SEED")
+        if seed is not None:
+            trio._core._run._r.seed(int(seed))
 
         what, turns, subscribers = args.child[0], int(args.child[1]), int(args.child[2])
         if what == "floor-w2":
