@@ -125,7 +125,7 @@ OTHERS = [
     (["bench_progress.py", "--quick"], "reports read"),
     (["bench_kit_shrink.py", "--runs", "1"], "shrinking a 10-operation failure"),
     (["bench_kit_mutants.py", "--seeds", "1", "--only", "status lags"], "1/1"),
-    (["bench_instructions.py", "--quick"], "each ran one turn"),
+    (["bench_instructions.py", "--quick", "--seed", "1"], "each ran one turn"),
     (["bench_shape.py", "--rounds", "1"], "floor in the shape"),
     (["bench_gc.py", "--reps", "1", "--agents", "10"], "tracked objects a step leaves alive"),
     (["bench_bytecodes.py"], "the shape's own trio work"),
