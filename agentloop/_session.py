@@ -71,8 +71,9 @@ _Entry = SessionEvent | str | tuple[Any, ...]
 # The function that makes the data of each type of event a session keeps as its parts. The
 # entry names its type, not the function: an entry of strings, numbers and None (a turn's
 # start and end, a claimed message, a text result, a reply without calls) is then one the
-# cycle collector stops tracking after one look, instead of tracing it in every collection
-# of the older generations for as long as the session lives.
+# cycle collector stops tracking while it is young (a reply's tuple of chunk seqs first,
+# then the entry), instead of tracing it in every collection of the older generations for
+# as long as the session lives.
 _MAKE: dict[str, Callable[..., FrozenDict]] = {
     _log.REQUEST_HEADER: _log.request_header,
     _log.ASSISTANT_MESSAGE: _log.assistant_message,
