@@ -48,6 +48,7 @@ read = st.tuples(st.just("read"), st.integers(-40, 40))
 iterate = st.tuples(st.just("iterate"),)
 listen = st.tuples(st.just("listen"), st.booleans())
 
+
 class Ear:
     """A handler on appends that a script turns on and off, and the events it heard."""
 
