@@ -12,7 +12,7 @@ behind still sees the whole turn.
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, final
 
 import attrs
@@ -26,7 +26,6 @@ from ._events import AgentStatus, AgentTurnEnd, InboxClaimed, InboxDiscarded, To
 from ._json import FrozenDict, freeze
 from ._model import AgentOptions, MessageId, SessionEvent
 from ._output import OutputSpec, output_spec, rebuild_output
-from ._prices import add_usage
 from ._util import NoPublicConstructor, construct
 
 if TYPE_CHECKING:
@@ -501,28 +500,13 @@ class Run(metaclass=NoPublicConstructor):
         await self._wait_terminal()
         if self._turn is None:
             return RunResult("", None, self._dropped or "aborted", None, None)
-        text = ""
-        output: object = None
-        usage: dict[str, Any] | None = None
+        turn = self._turn
+        text, output, usage, end = self._agent.session.turn_close(turn, self._start)
         reason = "disposed"  # cut by the end of the agent's scope, with no turn/end
         error: FrozenDict | None = None
-        log = self._agent.session.events
-        turn = self._turn
-        for i in range(self._start, len(log)):
-            e = log[i]
-            if e.turn != turn:
-                continue
-            if e.type == _log.ASSISTANT_MESSAGE:
-                text = e.data.get("content") or ""
-                if "output" in e.data:
-                    output = e.data["output"]
-                counters = e.data.get("usage")
-                if isinstance(counters, Mapping):
-                    usage = add_usage({} if usage is None else usage, counters)
-            elif e.type == _log.TURN_END:
-                reason = e.data["reason"]
-                error = e.data.get("error")
-                break
+        if end is not None:
+            reason = end.data["reason"]
+            error = end.data.get("error")
         if reason == "error":
             raise TurnFailed(turn, _rebuild(error), error)
         summed: FrozenDict | None = None
@@ -531,7 +515,9 @@ class Run(metaclass=NoPublicConstructor):
             assert isinstance(frozen, FrozenDict)
             summed = frozen
         if output is not None and self._output_type is not None:
-            output = rebuild_output(self._output_type, output)
+            return RunResult(
+                text, rebuild_output(self._output_type, output), reason, turn, summed
+            )
         return RunResult(text, output, reason, turn, summed)
 
 
@@ -570,7 +556,10 @@ class _Events:
     async def __anext__(self) -> Any:
         run = self._run
         kind = self._kind
-        event_at = self._session.event_at
+        session = self._session
+        event_at = session.event_at
+        # A text reader takes a chunk kept as its delta as it is: no event made for it.
+        text_at = session.text_at if kind == "text" else None
         parked = False
         while not self._done:
             turn = run._turn
@@ -578,7 +567,18 @@ class _Events:
                 i = self._i
                 if i < 0:
                     i = run._start
-                while (event := event_at(i)) is not None:
+                while True:
+                    if text_at is not None and (delta := text_at(i, turn)) is not None:
+                        i += 1
+                        if not delta:
+                            continue  # nothing of this turn's text, kept as its parts
+                        self._i = i
+                        if not parked:
+                            await trio.lowlevel.checkpoint_if_cancelled()
+                        return delta
+                    event = event_at(i)
+                    if event is None:
+                        break
                     i += 1
                     if event.turn != turn:
                         continue

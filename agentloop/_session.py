@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import re
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any, Final, TypeVar, cast, overload
 
@@ -33,7 +33,7 @@ from ._model import (
     ToolResult,
     new_message_id,
 )
-from ._prices import add_cost
+from ._prices import add_cost, add_usage
 from ._util import stored_maker
 
 _ROLES: Final = ("user", "assistant", "tool")
@@ -84,6 +84,12 @@ _MAKE: dict[str, Callable[..., FrozenDict]] = {
     _log.STEERING_MESSAGE: _log.claimed_message,
     _log.TURN_END: _log.turn_end,
 }
+
+
+# Where a reply's entry (``Session.append_reply``) keeps what a run's result reads of it.
+_REPLY_CONTENT: Final = 3
+_REPLY_USAGE: Final = 9
+_REPLY_OUTPUT: Final = 13
 
 
 class LogView(Sequence[SessionEvent]):
@@ -409,6 +415,78 @@ class Session:
         if cls is str or cls is tuple:
             return _settle(log, self._runs(), index)
         return cast("SessionEvent", entry)
+
+    def text_at(self, index: int, turn: int) -> str | None:
+        """What a reader of the text of ``turn`` takes from the entry at ``index`` without
+        its event being made: the delta of a text chunk of ``turn`` kept as its delta alone,
+        or the empty string for an entry kept as its parts that gives that reader nothing (a
+        tool-call chunk, a text chunk of another turn, an event other than the turn's
+        ``turn/end``), to pass over. None for the rest (an event already made, that
+        ``turn/end``, past the end): read it with :meth:`event_at`."""
+        log = self._log
+        if index >= len(log):
+            return None
+        entry = log[index]
+        if type(entry) is str:
+            runs = self._runs()
+            run = runs[-1]  # a live reader's chunk is in the latest step's run
+            if run[0] > index:
+                run = runs[bisect_right(runs, index, key=_first) - 1]
+            return entry if run[2] == turn else ""
+        if type(entry) is tuple and (entry[0] != _log.TURN_END or entry[1] != turn):
+            return ""
+        return None
+
+    def turn_close(
+        self, turn: int, start: int
+    ) -> tuple[str, JSON, dict[str, Any] | None, SessionEvent | None]:
+        """What a run's result reads of ``turn``, whose events are at index ``start`` or
+        later: its last reply's content, the latest structured output of its replies, their
+        usage summed (None when no reply reported any), and its ``turn/end`` (None while
+        the turn is open).
+
+        Chunks are passed over as they are kept, and a reply kept as its parts is read from
+        them: a turn of fifty steps logs some 750 events, and making each of them to find
+        these cost the reader about a third of the turn again.
+        """
+        log = self._log
+        text = ""
+        output: JSON = None
+        usage: dict[str, Any] | None = None
+        for index in range(start, len(log)):
+            entry = log[index]
+            cls = type(entry)
+            if cls is str:
+                continue  # a text chunk
+            if cls is tuple:
+                parts = cast("tuple[Any, ...]", entry)
+                kind = parts[0]  # a tool-call chunk's is its index: neither type below
+                if kind == _log.ASSISTANT_MESSAGE:
+                    if parts[1] == turn:
+                        text = parts[_REPLY_CONTENT] or ""
+                        if parts[_REPLY_OUTPUT] is not None:
+                            output = parts[_REPLY_OUTPUT]
+                        counters = parts[_REPLY_USAGE]
+                        if isinstance(counters, Mapping):
+                            usage = add_usage({} if usage is None else usage, counters)
+                    continue
+                if kind != _log.TURN_END or parts[1] != turn:
+                    continue
+                return text, output, usage, _settle(log, self._runs(), index)
+            event = cast("SessionEvent", entry)
+            if event.turn != turn:
+                continue
+            if event.type == _log.ASSISTANT_MESSAGE:
+                data = event.data
+                text = data.get("content") or ""
+                if "output" in data:
+                    output = data["output"]
+                counters = data.get("usage")
+                if isinstance(counters, Mapping):
+                    usage = add_usage({} if usage is None else usage, counters)
+            elif event.type == _log.TURN_END:
+                return text, output, usage, event
+        return text, output, usage, None
 
     def text_writer(self, step: int, turn: int) -> Callable[[str], int]:
         """The writer of ``step``'s streamed text: each call appends one ``assistant/chunk``
@@ -777,6 +855,7 @@ class Session:
         """Append the ``assistant/message`` anchoring a completed (not interrupted) reply
         (see :func:`_log.assistant_message`); returns its seq."""
         log = self._log
+        # What a run's result reads is at _REPLY_CONTENT, _REPLY_USAGE and _REPLY_OUTPUT.
         log.append((
             _log.ASSISTANT_MESSAGE, turn, step, content, reasoning,
             signature, tool_calls, seqs, finish_reason, usage, False, renamed, blocks, output,

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import trio
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import agentloop
@@ -192,13 +192,38 @@ step_ops = st.lists(
         read,
         iterate,
         listen,
+        st.tuples(st.just("close"), st.integers(1, 3), st.integers(0, 50)),
+        st.tuples(st.just("text_at"), st.integers(0, 50), st.integers(1, 3)),
     ),
     max_size=50,
 )
 
 
+def closing(
+    events: list[SessionEvent], turn: int, start: int
+) -> tuple[str, Any, dict[str, int] | None, SessionEvent | None]:
+    """What a run's result reads of ``turn``, folded over its made events one by one."""
+    text, output, usage = "", None, None
+    for event in events[start:]:
+        if event.turn != turn:
+            continue
+        if event.type == "assistant/message":
+            text = event.data["content"] or ""
+            output = event.data.get("output", output)
+            if event.data["usage"] is not None:
+                usage = usage or {}
+                for key, value in event.data["usage"].items():
+                    usage[key] = usage.get(key, 0) + value
+        elif event.type == "turn/end":
+            return text, output, usage, event
+    return text, output, usage, None
+
+
 @settings(max_examples=300, deadline=None)
 @given(step_ops)
+# A chunk of an earlier step, of another turn than the latest one's: its own turn is found.
+@example([("writer", 1, 1), ("text", "a"), ("writer", 1, 2), ("text", "b"),
+          ("text_at", 0, 1), ("text_at", 0, 2), ("text_at", 1, 1), ("text_at", 1, 2)])
 def test_a_steps_header_reply_calls_and_results_read_as_an_eager_log_holds_them(
     script: list[tuple[Any, ...]],
 ) -> None:
@@ -304,8 +329,28 @@ def test_a_steps_header_reply_calls_and_results_read_as_an_eager_log_holds_them(
             assert list(session.events) == want
         elif kind == "listen":
             ear.listen(op[1])
+        elif kind == "close":
+            # A run's result: read from the entries as they are kept, without making them.
+            _, of, start = op
+            start %= len(want) + 1
+            assert session.turn_close(of, start) == closing(want, of, start)
+        elif kind == "text_at":
+            # A reader of a turn's text: a delta, something to pass over, or "read the event".
+            _, i, of = op
+            i %= len(want) + 1
+            got = session.text_at(i, of)
+            if got is None:
+                continue
+            event = want[i]
+            mine = event.type == CHUNK and event.turn == of and event.data["kind"] == "text"
+            if got:
+                assert mine and event.data["delta"] == got
+            else:
+                assert not mine and not (event.type == "turn/end" and event.turn == of)
         assert session.last_seq == len(want)
-        if ear.stop is not None and kind not in ("writer", "read", "iterate", "listen"):
+        if ear.stop is not None and kind not in (
+            "writer", "read", "iterate", "listen", "close", "text_at"
+        ):
             heard.append(len(want))
     assert list(session.events) == want
     # A listener heard each event appended while it listened, once, as the log holds it.
