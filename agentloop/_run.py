@@ -567,35 +567,51 @@ class _Events:
                 i = self._i
                 if i < 0:
                     i = run._start
-                while True:
-                    if text_at is not None and (delta := text_at(i, turn)) is not None:
-                        i += 1
-                        if not delta:
-                            continue  # nothing of this turn's text, kept as its parts
-                        self._i = i
+                if text_at is not None:
+                    # The text reader's own loop, so that the others' stays as short.
+                    while True:
+                        delta = text_at(i, turn)
+                        if delta is None:  # an event made already, the turn's end, or none
+                            event = event_at(i)
+                            if event is None:
+                                break
+                            i += 1
+                            if event.turn != turn:
+                                continue
+                            self._i = i
+                            if event.type == _TURN_END:
+                                self._done = True
+                                break
+                            if event.type != _CHUNK or event.data["kind"] != kind:
+                                continue
+                            delta = event.data["delta"]
+                        else:
+                            i += 1
+                            if not delta:
+                                continue  # nothing of this turn's text, kept as its parts
+                            self._i = i
                         if not parked:
                             await trio.lowlevel.checkpoint_if_cancelled()
                         return delta
-                    event = event_at(i)
-                    if event is None:
-                        break
-                    i += 1
-                    if event.turn != turn:
-                        continue
-                    self._i = i
-                    if event.type == _TURN_END:
-                        self._done = True
-                        if kind is not None:
-                            break
-                    elif kind is not None and (
-                        event.type != _CHUNK or event.data["kind"] != kind
-                    ):
-                        continue
-                    if not parked:
-                        # A reader with a backlog takes it without yielding, but still
-                        # honours a cancel (a call that parked was a cancellation point).
-                        await trio.lowlevel.checkpoint_if_cancelled()
-                    return event if kind is None else event.data["delta"]
+                else:
+                    while (event := event_at(i)) is not None:
+                        i += 1
+                        if event.turn != turn:
+                            continue
+                        self._i = i
+                        if event.type == _TURN_END:
+                            self._done = True
+                            if kind is not None:
+                                break
+                        elif kind is not None and (
+                            event.type != _CHUNK or event.data["kind"] != kind
+                        ):
+                            continue
+                        if not parked:
+                            # A reader with a backlog takes it without yielding, but still
+                            # honours a cancel (a call that parked was a cancellation point).
+                            await trio.lowlevel.checkpoint_if_cancelled()
+                        return event if kind is None else event.data["delta"]
                 self._i = i
             if run._terminal or self._done:
                 break

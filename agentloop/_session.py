@@ -210,17 +210,29 @@ def _first(run: tuple[int, int, int]) -> int:
     return run[0]
 
 
+def _run_of(runs: list[tuple[int, int, int]], index: int) -> tuple[int, int, int]:
+    """The run of text (its first index, step and turn) the chunk at ``index`` is in."""
+    # A live reader's chunk is in the latest step's run, or in the one before when the
+    # reader runs as the next step waits for its model: no search for either.
+    run = runs[-1]
+    if run[0] > index:
+        if len(runs) > 1 and runs[-2][0] <= index:
+            return runs[-2]
+        run = runs[bisect_right(runs, index, key=_first) - 1]
+    return run
+
+
 def _settle(log: list[_Entry], runs: list[tuple[int, int, int]], index: int) -> SessionEvent:
     """The event of the entry at ``index`` of ``log``, made from its parts (and, for a
     chunk, the run it is in), and kept in the entry's place."""
     entry = log[index]
     if type(entry) is str:
-        _, step, turn = runs[bisect_right(runs, index, key=_first) - 1]
+        _, step, turn = _run_of(runs, index)
         event = _event(index + 1, _log.ASSISTANT_CHUNK, turn, _log.text_chunk(step, "text", entry))
     else:
         parts = cast("tuple[Any, ...]", entry)
         if type(parts[0]) is int:
-            _, step, turn = runs[bisect_right(runs, index, key=_first) - 1]
+            _, step, turn = _run_of(runs, index)
             event = _event(
                 index + 1, _log.ASSISTANT_CHUNK, turn, _log.tool_call_chunk(step, *parts)
             )
@@ -428,11 +440,7 @@ class Session:
             return None
         entry = log[index]
         if type(entry) is str:
-            runs = self._runs()
-            run = runs[-1]  # a live reader's chunk is in the latest step's run
-            if run[0] > index:
-                run = runs[bisect_right(runs, index, key=_first) - 1]
-            return entry if run[2] == turn else ""
+            return entry if _run_of(self._runs(), index)[2] == turn else ""
         if type(entry) is tuple and (entry[0] != _log.TURN_END or entry[1] != turn):
             return ""
         return None
