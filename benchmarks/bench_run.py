@@ -10,11 +10,14 @@ any reader); ``iterated``, the smallest async iterator over the log that parks t
 (the floor with iteration); ``ask``, a run nobody reads (``agent.ask``); ``events``,
 ``agent.run`` iterating ``run.events()``; ``text``, iterating ``run.text()``.
 
-The turn is run twice over: on the in-process ``ScriptedModel``, which costs nothing and
-checkpoints before every part (the worst case for a reader: the runtime's own step is all
-there is to compare with), and on ``OpenAIChatAdapter`` streaming from ``sse_server.py``, an
-OpenAI-compatible server in a process of its own that writes every event as it makes it
-(a run as an application has it; ``--scripted`` skips it). The figure is the wall time
+The turn is run three times over: on the yardstick's ``FunctionModel``, in process with one
+checkpoint per model call (a reader is then woken about once a step and reads the step's
+fifteen events in one go: what the reader itself costs shows most); on the in-process
+``ScriptedModel``, which costs nothing and checkpoints before every part (a reader is woken
+for every chunk, the runtime's own step is all there is to compare with); and on
+``OpenAIChatAdapter`` streaming from ``sse_server.py``, an OpenAI-compatible server in a
+process of its own that writes every event as it makes it (a run as an application has it;
+``--scripted`` skips it). The figure is the wall time
 (``--cpu-clock``: this process's CPU time, steadier on a shared machine, and without the
 server's) from the prompt to the end of the turn, divided by 50: the best of the rounds,
 and the median of each round's ratios. The target: ``events`` at most 1.15x ``ask``, a run
@@ -29,15 +32,23 @@ import gc
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import attrs
 import sse_server
 import trio
 
 import agentloop
-from agentloop.llm import OpenAIChatAdapter
-from agentloop.testing import Reply, ScriptedModel, reply
+from agentloop.llm import LLMRequest, OpenAIChatAdapter
+from agentloop.testing import (
+    Finish,
+    FunctionModel,
+    Reply,
+    ScriptedModel,
+    TextDelta,
+    ToolCallDelta,
+    reply,
+)
 
 STEPS = 50
 CHUNKS = 10
@@ -241,6 +252,21 @@ async def main() -> None:
             """Do nothing."""
             return "ok"
 
+        async def yardstick(
+            request: LLMRequest,
+        ) -> AsyncIterator[TextDelta | ToolCallDelta | Finish]:
+            await trio.lowlevel.checkpoint()  # the request's network read: once a call
+            for k in range(CHUNKS):
+                yield TextDelta(f"tok{k} ")
+            going_on = request.step < STEPS
+            if going_on:
+                yield ToolCallDelta(0, id=f"call_{request.step}", name="noop", arguments="{}")
+            yield Finish("tool_calls" if going_on else "stop")
+
+        function = FunctionModel(yardstick)
+        rt.llm.register("function", function)
+        await measure(rt, "function", function.requests.clear,
+                      "FunctionModel, the yardstick's turn (in process, one checkpoint per call)")
         model = ScriptedModel()
         rt.llm.register("scripted", model)
         await measure(rt, "scripted", lambda: model.add(*script()),
