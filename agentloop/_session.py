@@ -455,7 +455,7 @@ class Session:
 
         Chunks are passed over as they are kept, and a reply kept as its parts is read from
         them: a turn of fifty steps logs some 750 events, and making each of them to find
-        these cost the reader about a third of the turn again.
+        these cost a run that only waited for its result a quarter of the turn again.
         """
         log = self._log
         text = ""

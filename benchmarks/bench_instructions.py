@@ -215,46 +215,95 @@ async def floor_turns(turns: int) -> None:
         await floor_turn("go", direct)
 
 
+async def _call_tool(call: dict[str, Any], box: list[Any], done: Any) -> None:
+    try:
+        box.append(await direct(call))
+    finally:
+        done.set()
+
+
+async def _actor(inbox: Any, idle: Any, steps: int = STEPS) -> None:
+    """An agent in the design card's shape: a task fed by a channel that runs each turn with
+    one nursery for its tool calls, each call in a task of its own that it waits for."""
+    import trio
+
+    async for content in inbox:
+        async with trio.open_nursery() as tools:
+
+            async def in_task(call: dict[str, Any]) -> Any:
+                box: list[Any] = []
+                done = trio.Event()
+                tools.start_soon(_call_tool, call, box, done, name=f"tool:{call['id']}")
+                # As the runtime waits for a step's calls: up to two yields (the task
+                # runs in trio's next pass, before or after this one), then a park.
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                if not done.is_set():
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                if not done.is_set():
+                    await done.wait()
+                return box[0]
+
+            await floor_turn(content, in_task, steps)
+        idle.set()
+
+
 async def shape_turns(turns: int) -> None:
     """The floor in the design card's shape: an actor task per agent receiving its input
     from a channel, and each tool call in a task of its own (in one nursery per turn), the
     actor waiting for it. The least the shape itself costs on trio."""
     import trio
 
-    async def call_tool(call: dict[str, Any], box: list[Any], done: Any) -> None:
-        try:
-            box.append(await direct(call))
-        finally:
-            done.set()
-
-    async def actor(inbox: Any, idle: Any) -> None:
-        async for content in inbox:
-            async with trio.open_nursery() as tools:
-
-                async def in_task(call: dict[str, Any]) -> Any:
-                    box: list[Any] = []
-                    done = trio.Event()
-                    tools.start_soon(call_tool, call, box, done, name=f"tool:{call['id']}")
-                    # As the runtime waits for a step's calls: up to two yields (the task
-                    # runs in trio's next pass, before or after this one), then a park.
-                    await trio.lowlevel.cancel_shielded_checkpoint()
-                    if not done.is_set():
-                        await trio.lowlevel.cancel_shielded_checkpoint()
-                    if not done.is_set():
-                        await done.wait()
-                    return box[0]
-
-                await floor_turn(content, in_task)
-            idle.set()
-
     async with trio.open_nursery() as agents:
         for _ in range(turns):
             send, inbox = trio.open_memory_channel[str](1)
             idle = trio.Event()
-            agents.start_soon(actor, inbox, idle)
+            agents.start_soon(_actor, inbox, idle)
             async with send:
                 send.send_nowait("go")
                 await idle.wait()
+
+
+async def floor_w2_seconds(agents: int) -> float:
+    """The yardstick's W2 floor: ``agents`` two-step turns at once, as tasks of one nursery;
+    seconds."""
+    import time
+
+    import trio
+
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(agents):
+            nursery.start_soon(floor_turn, "go", direct, 2)
+    return time.perf_counter() - start
+
+
+async def shape_w2_seconds(agents: int) -> float:
+    """W2 in the shape: ``agents`` actors made and parked on their channels first, then each
+    sent its prompt and waited for in turn, as the yardstick waits for its agents; seconds
+    from the first send to the last idle (the actors are made and closed off the clock)."""
+    import time
+
+    import trio
+    import trio.testing
+
+    async with trio.open_nursery() as nursery:
+        sends, idles = [], []
+        for _ in range(agents):
+            send, inbox = trio.open_memory_channel[str](1)
+            idle = trio.Event()
+            nursery.start_soon(_actor, inbox, idle, 2)
+            sends.append(send)
+            idles.append(idle)
+        await trio.testing.wait_all_tasks_blocked()
+        start = time.perf_counter()
+        for send in sends:
+            send.send_nowait("go")
+        for idle in idles:
+            await idle.wait()
+        elapsed = time.perf_counter() - start
+        for send in sends:
+            send.close()
+    return elapsed
 
 
 def count(
