@@ -398,9 +398,15 @@ class Route:
     :meth:`EventBus.emit_nowait`, without its lookups. Same order: handlers, then
     subscribers."""
 
-    __slots__ = ("handlers", "plain", "rest")
+    __slots__ = ("everyone", "handlers", "owners", "plain", "rest")
 
     def __init__(self) -> None:
+        # Whose events reach anyone: every agent's while an unscoped handler or subscriber
+        # listens, else only those of ``owners`` (the agents scoped ones are for). A session
+        # asks before it makes an event it would announce: a tail on one session, or a
+        # subscription to one agent, leaves the others' appends as cheap as with nobody.
+        self.everyone = False
+        self.owners: frozenset[str] = frozenset()
         self.handlers: list[_Handler] | None = None
         # The subscriptions of durable classes only, for every agent: nothing is ever
         # dropped or filtered for them, so an event is just put.
@@ -429,6 +435,9 @@ class Route:
     def update(self, handlers: list[_Handler] | None, feeds: list[_Feed] | None) -> None:
         self.handlers = handlers
         feeds = feeds or []
+        scopes = {h.agent_id for h in handlers or ()} | {f.agent_id for f in feeds}
+        self.everyone = None in scopes
+        self.owners = frozenset(scope for scope in scopes if scope is not None)
         self.plain = [f for f in feeds if f.agent_id is None and f.durable_only]
         self.rest = [f for f in feeds if f not in self.plain] or None
 

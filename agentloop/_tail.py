@@ -111,7 +111,8 @@ class SessionTail:
             if e.session_id == sid:
                 self._changed.set()
 
-        self._stops = [self._bus.on(SessionEventAppended, appended)]
+        # Scoped to the session: its appends are announced, and no other session's.
+        self._stops = [self._bus.on(SessionEventAppended, appended, agent_id=sid)]
         backend = self._store()
         watch = getattr(backend, "watch", None)
         if watch is not None:

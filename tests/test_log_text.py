@@ -46,7 +46,8 @@ writer = st.tuples(st.just("writer"), st.integers(1, 4), st.integers(1, 3))
 text = st.tuples(st.just("text"), st.text(min_size=1, max_size=3))
 read = st.tuples(st.just("read"), st.integers(-40, 40))
 iterate = st.tuples(st.just("iterate"),)
-listen = st.tuples(st.just("listen"), st.booleans())
+# A listener on every session's appends, on this one's ("s"), or on another's only.
+listen = st.tuples(st.just("listen"), st.booleans(), st.sampled_from([None, "s", "other"]))
 
 
 class Ear:
@@ -56,13 +57,18 @@ class Ear:
         self.bus = bus
         self.heard: list[SessionEvent] = []
         self.stop: Any = None
+        self.hears = False  # whether it listens to session "s"
 
-    def listen(self, on: bool) -> None:
+    def listen(self, on: bool, scope: str | None = None) -> None:
         if on and self.stop is None:
-            self.stop = self.bus.on(SessionEventAppended, lambda e: self.heard.append(e.event))
+            self.stop = self.bus.on(
+                SessionEventAppended, lambda e: self.heard.append(e.event), agent_id=scope
+            )
+            self.hears = scope in (None, "s")
         elif not on and self.stop is not None:
             self.stop()
             self.stop = None
+            self.hears = False
 
 
 def assert_read(session: Session, want: list[SessionEvent], i: int) -> None:
@@ -137,7 +143,7 @@ def test_every_read_of_the_log_gives_the_events_an_eager_log_holds(
         elif kind == "open_turn":
             assert session.open_turn() == open_turn
         elif kind == "listen":
-            ear.listen(op[1])
+            ear.listen(op[1], op[2])
         assert len(session.events) == session.last_seq == len(want)
     assert list(session.events) == want
     # What was published while something listened is the log's own event, not a copy.
@@ -328,7 +334,7 @@ def test_a_steps_header_reply_calls_and_results_read_as_an_eager_log_holds_them(
         elif kind == "iterate":
             assert list(session.events) == want
         elif kind == "listen":
-            ear.listen(op[1])
+            ear.listen(op[1], op[2])
         elif kind == "close":
             # A run's result: read from the entries as they are kept, without making them.
             _, of, start = op
@@ -348,7 +354,7 @@ def test_a_steps_header_reply_calls_and_results_read_as_an_eager_log_holds_them(
             else:
                 assert not mine and not (event.type == "turn/end" and event.turn == of)
         assert session.last_seq == len(want)
-        if ear.stop is not None and kind not in (
+        if ear.hears and kind not in (
             "writer", "read", "iterate", "listen", "close", "text_at"
         ):
             heard.append(len(want))
