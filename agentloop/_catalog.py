@@ -38,8 +38,10 @@ say how it travels: `name` (the seed name used in this catalog), `kind` (`durabl
 value means). Register a handler with `ctx.events.on(Cls, handler, priority=0)`: handlers run
 by descending `priority`, then in registration order, and the returned `Disposer` (or the
 closing of the registering context) removes it. A handler registered through an agent's own
-context (in its `setup`) only sees events whose `agent_id` is that agent's; events without an
-`agent_id` field (`session/*`, `plugin/failed`, `settings/changed`) do not reach it.
+context (in its `setup`) only sees events about that agent: those whose `agent_id` is its id,
+and the `session/*` events of its own session (a session's id is its agent's); events about no
+agent (`plugin/failed`, `settings/changed`) do not reach it. Such a handler on
+`session/event` costs the other sessions nothing: only its own makes and announces its events.
 
 The runtime checks for listeners before it even builds an event, so an event nobody listens
 to costs next to nothing.

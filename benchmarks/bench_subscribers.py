@@ -9,7 +9,9 @@ the scheduler per wake-up); ``async for`` followed by draining what is already q
 which leaves only what the emitting driver pays. The turn is the one of ``bench_core.py steps``:
 each step streams 10 text chunks and calls one parallel ``noop`` tool. The clock stops once the
 agent is idle and every reading subscriber has seen the turn's ``turn/end`` (stalled ones are
-drained and checked afterwards, off the clock). Figures are printed, never asserted.
+drained and checked afterwards, off the clock). A fourth way, ``elsewhere``, reads another
+session: ``ctx.sessions.tail`` of an idle agent beside the timed one, which should cost the
+timed turn nothing. Figures are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -72,18 +74,43 @@ async def subscriber(
     done.set()
 
 
+async def tail_elsewhere(
+    rt: agentloop.Context, session_id: str, ready: trio.Event, stall: trio.Event,
+    done: trio.Event, counted: list[int],
+) -> None:
+    """Follow another, idle session until ``stall`` is set: its seeded events, then
+    nothing."""
+    async with rt.sessions.tail(session_id, from_seq=1) as tail:
+        async for _ in tail:
+            ready.set()  # the tail listens once its first event is read
+            break
+        await stall.wait()
+    counted.append(0)
+    done.set()
+
+
+SEED = [
+    {"type": "turn/start", "turn": 1, "data": {"turn": 1}},
+    {"type": "turn/end", "turn": 1, "data": {"turn": 1, "reason": "completed"}},
+]
+
+
 async def timed_turn(rt: agentloop.Context, session_id: str, subscribers: int, mode: str) -> float:
     """Microseconds per step of one STEPS-step turn with ``subscribers`` durable subscribers."""
     model = ScriptedModel(script())
     unregister = rt.llm.register("scripted", model)
     handle = await rt.agents.create(session_id=session_id, agent_options=OPTIONS)
+    other = await rt.agents.create(session_id=f"{session_id}-other", seed=SEED)
     counted: list[int] = []
     stall = trio.Event()
-    async with handle, trio.open_nursery() as nursery:
+    async with handle, other, trio.open_nursery() as nursery:
         dones = []
         for _ in range(subscribers):
             ready, done = trio.Event(), trio.Event()
-            nursery.start_soon(subscriber, rt, mode, ready, stall, done, counted)
+            if mode == "elsewhere":
+                nursery.start_soon(tail_elsewhere, rt, other.agent.id, ready, stall, done, counted)
+            else:
+                nursery.start_soon(subscriber, rt, mode, ready, stall, done, counted)
             await ready.wait()
             dones.append(done)
         agent = handle.agent
@@ -91,7 +118,7 @@ async def timed_turn(rt: agentloop.Context, session_id: str, subscribers: int, m
         start = time.perf_counter_ns()
         agent.followup("go")
         await agent.wait_idle()
-        if mode != "stalled":
+        if mode not in ("stalled", "elsewhere"):
             for done in dones:
                 await done.wait()
         elapsed = time.perf_counter_ns() - start
@@ -100,7 +127,8 @@ async def timed_turn(rt: agentloop.Context, session_id: str, subscribers: int, m
             await done.wait()
         assert model.remaining == 0, "the turn did not take every step"
         events = len(agent.session.events)
-    assert counted == [events] * subscribers, (counted, events)
+    want = 0 if mode == "elsewhere" else events
+    assert counted == [want] * subscribers, (counted, events)
     unregister()
     return elapsed / STEPS / 1000
 
@@ -118,7 +146,7 @@ async def main(counts: Sequence[int], runs: int) -> None:
         await timed_turn(rt, "warmup", 1, "async-for")
         results: dict[tuple[int, str], list[float]] = {}
         for run in range(runs):
-            for mode in ("async-for", "nowait", "stalled"):
+            for mode in ("async-for", "nowait", "stalled", "elsewhere"):
                 for n in counts:
                     if n == 0 and mode != "async-for":
                         continue
@@ -129,7 +157,11 @@ async def main(counts: Sequence[int], runs: int) -> None:
     for (n, mode), values in sorted(results.items()):
         best = min(values)
         ratio = f"  {best / base:5.2f}x" if base else ""
-        label = "no subscriber" if n == 0 else f"{n:2d} subscriber(s), {mode}"
+        label = (
+            "no subscriber" if n == 0
+            else f"{n:2d} tail(s) on another session" if mode == "elsewhere"
+            else f"{n:2d} subscriber(s), {mode}"
+        )
         print(f"  {label:<32} {best:8.1f} us/step  (median {statistics.median(values):.1f})"
               f"{ratio}")
 
