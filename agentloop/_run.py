@@ -568,31 +568,16 @@ class _Events:
                 if i < 0:
                     i = run._start
                 if text_at is not None:
-                    # The text reader's own loop, so that the others' stays as short.
-                    while True:
-                        delta = text_at(i, turn)
-                        if delta is None:  # an event made already, the turn's end, or none
-                            event = event_at(i)
-                            if event is None:
-                                break
-                            i += 1
-                            if event.turn != turn:
-                                continue
+                    while (delta := text_at(i, turn)) is not None:
+                        i += 1
+                        if delta:
                             self._i = i
-                            if event.type == _TURN_END:
-                                self._done = True
-                                break
-                            if event.type != _CHUNK or event.data["kind"] != kind:
-                                continue
-                            delta = event.data["delta"]
-                        else:
-                            i += 1
-                            if not delta:
-                                continue  # nothing of this turn's text, kept as its parts
-                            self._i = i
-                        if not parked:
-                            await trio.lowlevel.checkpoint_if_cancelled()
-                        return delta
+                            if not parked:
+                                await trio.lowlevel.checkpoint_if_cancelled()
+                            return delta
+                    if event_at(i) is not None:  # the turn's turn/end
+                        i += 1
+                        self._done = True
                 else:
                     while (event := event_at(i)) is not None:
                         i += 1

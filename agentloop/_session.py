@@ -429,21 +429,26 @@ class Session:
         return cast("SessionEvent", entry)
 
     def text_at(self, index: int, turn: int) -> str | None:
-        """What a reader of the text of ``turn`` takes from the entry at ``index`` without
-        its event being made: the delta of a text chunk of ``turn`` kept as its delta alone,
-        or the empty string for an entry kept as its parts that gives that reader nothing (a
-        tool-call chunk, a text chunk of another turn, an event other than the turn's
-        ``turn/end``), to pass over. None for the rest (an event already made, that
-        ``turn/end``, past the end): read it with :meth:`event_at`."""
+        """What a reader of the text of ``turn`` takes from the entry at ``index``: the delta
+        of a text chunk of ``turn`` (taken as the log keeps it, without its event being made
+        when it is kept as its delta alone), or the empty string for an entry that gives that
+        reader nothing (another kind, another turn), to pass over. None for the turn's own
+        ``turn/end`` and past the end of the log."""
         log = self._log
         if index >= len(log):
             return None
         entry = log[index]
         if type(entry) is str:
             return entry if _run_of(self._runs(), index)[2] == turn else ""
-        if type(entry) is tuple and (entry[0] != _log.TURN_END or entry[1] != turn):
+        if type(entry) is tuple:
+            return "" if entry[0] != _log.TURN_END or entry[1] != turn else None
+        event = cast("SessionEvent", entry)
+        if event.turn != turn:
             return ""
-        return None
+        if event.type == _log.ASSISTANT_CHUNK:
+            data = event.data
+            return data["delta"] if data["kind"] == "text" else ""
+        return None if event.type == _log.TURN_END else ""
 
     def turn_close(
         self, turn: int, start: int

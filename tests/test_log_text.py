@@ -230,6 +230,11 @@ def closing(
 # A chunk of an earlier step, of another turn than the latest one's: its own turn is found.
 @example([("writer", 1, 1), ("text", "a"), ("writer", 1, 2), ("text", "b"),
           ("text_at", 0, 1), ("text_at", 0, 2), ("text_at", 1, 1), ("text_at", 1, 2)])
+# A text chunk and a turn's end read by a text reader, each kept as parts and made at once.
+@example([("text", "a"), ("turn/end", "completed", None, None, None, None, None),
+          ("listen", True, None), ("text", "b"), ("turn/end", "completed", None, None, None,
+                                                  None, None),
+          *[("text_at", i, t) for i in range(4) for t in (1, 2)]])
 def test_a_steps_header_reply_calls_and_results_read_as_an_eager_log_holds_them(
     script: list[tuple[Any, ...]],
 ) -> None:
@@ -341,18 +346,20 @@ def test_a_steps_header_reply_calls_and_results_read_as_an_eager_log_holds_them(
             start %= len(want) + 1
             assert session.turn_close(of, start) == closing(want, of, start)
         elif kind == "text_at":
-            # A reader of a turn's text: a delta, something to pass over, or "read the event".
+            # A reader of a turn's text: a delta, something to pass over, or its end.
             _, i, of = op
             i %= len(want) + 1
             got = session.text_at(i, of)
+            event = want[i] if i < len(want) else None
+            mine = event is not None and event.turn == of
             if got is None:
-                continue
-            event = want[i]
-            mine = event.type == CHUNK and event.turn == of and event.data["kind"] == "text"
-            if got:
-                assert mine and event.data["delta"] == got
+                assert event is None or (mine and event.type == "turn/end")
+            elif got:
+                assert mine and event.type == CHUNK and event.data["kind"] == "text"
+                assert event.data["delta"] == got
             else:
-                assert not mine and not (event.type == "turn/end" and event.turn == of)
+                assert event is not None and not (mine and event.type == "turn/end")
+                assert not (mine and event.type == CHUNK and event.data["kind"] == "text")
         assert session.last_seq == len(want)
         if ear.hears and kind not in (
             "writer", "read", "iterate", "listen", "close", "text_at"
