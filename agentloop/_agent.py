@@ -14,7 +14,7 @@ import contextvars
 import logging
 import math
 import weakref
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final, Literal, final
 
 import attrs
@@ -41,7 +41,6 @@ from ._events import (
     Reject,
     Replace,
     SessionFlush,
-    SessionPersistenceFailed,
     Stop,
 )
 from ._inbox import TARGETS, Inbox, InboxState, Target
@@ -168,8 +167,8 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
     """
 
     __slots__ = (
-        "_cancel_cause", "_idle", "_inbox", "_life", "_model_calls", "_services", "_session",
-        "_status", "_tool_runner", "_turn_cancel", "_wake_flag", "cwd", "id", "options", "resumed",
+        "_cancel_cause", "_inbox", "_life", "_model_calls", "_services", "_session", "_status",
+        "_tool_runner", "_turn_cancel", "_wake_flag", "cwd", "id", "options", "resumed",
     )
 
     def __init__(
@@ -195,7 +194,6 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         self._wake_flag = False
         self._turn_cancel: TurnCancel | None = None
         self._cancel_cause: str | None = None
-        self._idle: trio.Event | None = None
         self._build(session, proposal)
 
     def _configured(self) -> CallConfig:
@@ -250,8 +248,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         if runner is None:
             session = self._session
             runner = self._tool_runner = ToolRunner(
-                self._services, session, session.id, Approvals(self._wake_idle_waiters),
-                self._stopping, self._flush, ToolTasks(),
+                self._services, session, session.id, Approvals(), self._life, ToolTasks(),
             )
         return runner
 
@@ -294,9 +291,8 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         if self._status == "disposed":
             return  # disposal is final: a converging driver does not bring the agent back
         previous, self._status = self._status, status
-        if status != "running" and self._idle is not None:
-            self._idle.set()
-            self._idle = None
+        if status != "running" and self._tool_runner is not None:
+            self._tool_runner.approvals.wake_waiters()
         bus = self._services.bus
         if previous != status and bus.has_listeners(AgentStatus):
             bus.emit_nowait(AgentStatus(self.id, status, previous))
@@ -313,9 +309,8 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         """
         waited = False
         while self._status == "running" and not self._runner.approvals.blocked:
-            if self._idle is None:
-                self._idle = trio.Event()
-            await self._idle.wait()
+            # Woken when the status changes, or when the run waits only for answers.
+            await self._runner.approvals.wait_for_change()
             waited = True
         if waited:
             return  # it parked: that was this call's schedule point
@@ -326,12 +321,6 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         else:
             _idle_returns = 0
             await trio.lowlevel.checkpoint()
-
-    def _wake_idle_waiters(self) -> None:
-        # The running turn waits for nothing but answers: wait_idle() returns.
-        if self._idle is not None:
-            self._idle.set()
-            self._idle = None
 
     # --- approvals -----------------------------------------------------------------------
 
@@ -648,7 +637,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
     async def _close_scope(self) -> None:
         self._stop()
         with trio.move_on_after(CLOSE_GRACE, shield=True):
-            pending = self._flush(self.session.last_seq)
+            pending = self._services.flush(self.id, self.session.last_seq)
             if pending is not None:
                 await pending
             await self._life.close_scope()
@@ -781,7 +770,8 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         life.rest(
             _CONFIGURED if proposal is None or proposal == self._configured() else proposal
         )
-        del self._session, self._inbox, self._model_calls, self._tool_runner
+        del self._session, self._inbox, self._model_calls
+        self._tool_runner = None  # read by a status change: there is none to tell now
         # Announced before the status: an agent/status handler that sends wakes the agent on
         # the spot, and agent/woken must not come before agent/hibernated.
         self._services.emit(AgentHibernated(self.id, seq))
@@ -939,7 +929,7 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
         if not (bus.has_handlers(SessionFlush) or bus.has_listeners(AgentTurnEnd)):
             return  # nothing to wait for: no store to flush, nobody told of the end
         with trio.move_on_after(CLOSE_GRACE, shield=True):
-            pending = self._flush(end_seq)
+            pending = self._services.flush(self.id, end_seq)
             if pending is not None:
                 await pending
             if bus.has_listeners(AgentTurnEnd):
@@ -947,21 +937,6 @@ class Agent(RunControls, metaclass=NoPublicConstructor):
                     await bus.emit(AgentTurnEnd(self.id, turn.number, turn.reason or ""))
                 except Exception:
                     log.exception("agent %s: an agent/turn-end handler failed", self.id)
-
-    def _flush(self, seq: int) -> Awaitable[None] | None:
-        """The commit of the log up to ``seq`` to await, or None without a store: a tool
-        step asks for one, and most runtimes have nothing to commit to."""
-        if self._services.bus.has_handlers(SessionFlush):
-            return self._flush_now(seq)
-        return None
-
-    async def _flush_now(self, seq: int) -> None:
-        try:
-            await self._services.bus.emit(SessionFlush(self.id, seq))
-        except Exception as exc:
-            # The store keeps what it can and says so; the session's owner hears it here.
-            log.exception("agent %s: flushing up to seq %d failed", self.id, seq)
-            self._services.emit(SessionPersistenceFailed(self.id, seq, str(exc)))
 
     async def _run_turn(
         self, turn: _Turn, claimed: tuple[InboxMessage, ...], resuming: bool,

@@ -8,7 +8,7 @@ suspended turn's expiry reads the same park times. Nobody else writes it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Protocol
 
 import attrs
@@ -41,16 +41,22 @@ def expired_answer(timeout: float) -> Answer:
 
 
 class Approvals:
-    """Answers not yet applied, park times, the run that waits, and whether it waits only
-    for answers (``blocked``: the agent counts as settled for ``wait_idle``)."""
+    """Answers not yet applied, park times, the run that waits, whether it waits only for
+    answers (``blocked``: the agent counts as settled for ``wait_idle``), and who waits for
+    that or for the agent's status to change.
 
-    __slots__ = ("_answers", "_on_blocked", "_since", "blocked", "waiter")
+    It refers to nobody: the agent tells it of a status change (:meth:`wake_waiters`), so a
+    closed agent and its parts are freed without the cyclic collector.
+    """
 
-    def __init__(self, on_blocked: Callable[[], None]) -> None:
+    __slots__ = ("_answers", "_changed", "_since", "blocked", "waiter")
+
+    def __init__(self) -> None:
         # Shared empty tables until the first park or answer: most agents never ask.
         self._answers: dict[str, Answer] = _NONE
         self._since: dict[str, float] = _NEVER
-        self._on_blocked = on_blocked
+        # Made only for a waiter: most turns end before anyone waits for them.
+        self._changed: trio.Event | None = None
         self.waiter: Waiter | None = None
         self.blocked = False
 
@@ -91,7 +97,19 @@ class Approvals:
     def set_blocked(self, blocked: bool) -> None:
         self.blocked = blocked
         if blocked:
-            self._on_blocked()
+            # The running turn waits for nothing but answers: wait_idle() returns.
+            self.wake_waiters()
+
+    async def wait_for_change(self) -> None:
+        """Until :meth:`wake_waiters`: the run is blocked, or the agent's status changed."""
+        if self._changed is None:
+            self._changed = trio.Event()
+        await self._changed.wait()
+
+    def wake_waiters(self) -> None:
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
 
     def prune(self, awaiting: set[str]) -> None:
         """Forget answers and park times of calls that no longer await approval."""

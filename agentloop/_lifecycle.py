@@ -216,7 +216,7 @@ class Lifecycle:
 
     def request_teardown(self) -> None:
         """Begin the disposal once (at once, or when publication's notifications are over)."""
-        if self._teardown_requested:
+        if self._teardown_requested or self._quiescent:
             return
         self._teardown_requested = True
         if self._announced:
@@ -227,7 +227,8 @@ class Lifecycle:
 
     async def _stop_once_announced(self) -> None:
         await self._until("_announced")
-        self._stop(self._agent)
+        if not self._quiescent:
+            self._stop(self._agent)
 
     async def dispose(self) -> None:
         """Begin the disposal if needed and wait for the quiescence boundary."""
@@ -238,8 +239,13 @@ class Lifecycle:
             await self._until("_quiescent")
 
     def quiesced(self) -> None:
-        """The supervisor detached the agent: its life is over."""
+        """The supervisor detached the agent: its life is over.
+
+        Nothing is asked of the agent from here on, so it is let go: the agent keeps this
+        object (its status reads from it), and a reference back would keep a closed agent,
+        and its whole session, for the cyclic collector to find."""
         self._quiescent = True
+        self._agent = None
         self._signal()
 
     @property

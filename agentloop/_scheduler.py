@@ -34,6 +34,7 @@ from ._events import (
     ToolResultEvent,
 )
 from ._json import JSON, FrozenDict, freeze, freeze_repaired
+from ._lifecycle import Lifecycle
 from ._model import ToolCall, ToolResult
 from ._progress import begin_call
 from ._schema import parse_arguments
@@ -107,19 +108,28 @@ class ToolTasks:
 
 @attrs.frozen(slots=True, eq=False)
 class ToolRunner:
-    """What one agent's tool runs are given: its services, log, approvals, and whether it is
-    being disposed (parked calls then stay pending for a resume)."""
+    """What one agent's tool runs are given: its services, log, approvals, and its lifecycle
+    (whether it is being disposed: parked calls then stay pending for a resume).
+
+    None of it refers back to the agent, which holds the runner: a closed agent is freed
+    as soon as nobody refers to it."""
 
     services: Services
     session: Session
     agent_id: str
     approvals: Approvals
-    stopping: Callable[[], bool]
-    # Commits the session's log up to a seq (the agent's flush barrier): what to await for
-    # it, or None when there is nothing to commit to (no store).
-    flush: Callable[[int], Awaitable[None] | None]
+    life: Lifecycle
     # Given by the agent, not defaulted here: mypyc compiles no attrs field defaults.
     tasks: ToolTasks
+
+    def stopping(self) -> bool:
+        # A call, not an attribute read, so type narrowing does not survive an await.
+        return self.life.stopping
+
+    def flush(self, seq: int) -> Awaitable[None] | None:
+        """The commit of the log up to ``seq`` to await (the agent's flush barrier), or None
+        when there is nothing to commit to (no store)."""
+        return self.services.flush(self.agent_id, seq)
 
 
 async def with_tool_tasks(

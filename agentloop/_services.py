@@ -12,7 +12,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -20,7 +20,7 @@ import trio
 from ._bus import Disposer, EventBus
 from ._config import CallLimitsConfig, Config, ProviderConfig
 from ._errors import PersistenceError, RuntimeClosed
-from ._events import Event, SessionEventAppended, SessionFlush
+from ._events import Event, SessionEventAppended, SessionFlush, SessionPersistenceFailed
 from ._limits import CallLimits, Limit
 from ._llm import LLMService, SystemPrompt
 from ._prices import load_prices
@@ -136,6 +136,22 @@ class Services:
         await self._inflight_done.wait()
 
     # --- persistence ---------------------------------------------------------------------
+
+    def flush(self, session_id: str, seq: int) -> Awaitable[None] | None:
+        """The commit of ``session_id``'s log up to ``seq`` to await (its agent's flush
+        barrier: a tool step, a turn's end and a disposal ask for one), or None when nothing
+        stores sessions, as in most runtimes."""
+        if self.bus.has_handlers(SessionFlush):
+            return self._flush(session_id, seq)
+        return None
+
+    async def _flush(self, session_id: str, seq: int) -> None:
+        try:
+            await self.bus.emit(SessionFlush(session_id, seq))
+        except Exception as exc:
+            # The store keeps what it can and says so; the session's owner hears it here.
+            log.exception("agent %s: flushing up to seq %d failed", session_id, seq)
+            self.emit(SessionPersistenceFailed(session_id, seq, str(exc)))
 
     def install_persistence(self, backend: SessionPersistence) -> Disposer:
         if self.persistence is not None:
