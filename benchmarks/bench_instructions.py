@@ -2,7 +2,8 @@
 not move with the machine's load.
 
     python benchmarks/bench_instructions.py [--subscribers N] [--pythonpath TREE] [--caches]
-    python benchmarks/bench_instructions.py --workload w2 [--pythonpath TREE]
+    python benchmarks/bench_instructions.py --workload w2 [--pythonpath TREE] [--caches]
+                                            [--collector-share]
 
 On a shared machine the wall and CPU clocks move by 1.5x between minutes, so two trees a few
 percent apart cannot be told apart by timing them. Counting instructions can: valgrind's
@@ -32,7 +33,11 @@ durable subscribers reading every event.
 turn at once (a tool call, then the answer), beside the floor's 500 concurrent loops. Each
 loop runs two repetitions twice, with and without the turns (the agents are made and closed
 either way), so a run's figure is what its turn costs, creation and closing cancelled out.
-Needs ``valgrind`` on ``PATH``; about 3 minutes (5 with ``--caches``; 2 for W2).
+With 500 turns in flight, Python's cyclic collector runs its young-generation passes over
+what they hold; ``--collector-share`` counts the same runs with it disabled, so the
+difference is its share (on 2026-12-07: about 10% of a W2 run here, 5% of the floor's).
+Needs ``valgrind`` on ``PATH``; about 3 minutes (5 with ``--caches``; 2 for W2, 7 with
+``--caches``, 4 more with ``--collector-share``).
 """
 
 from __future__ import annotations
@@ -307,12 +312,16 @@ async def shape_w2_seconds(agents: int) -> float:
 
 
 def count(
-    what: str, turns: int, subscribers: int, pythonpath: str | None, caches: bool = False
+    what: str, turns: int, subscribers: int, pythonpath: str | None, caches: bool = False,
+    collector: bool = True,
 ) -> dict[str, int]:
     """valgrind's totals for a child running ``turns`` turns (a W2 child: repetitions, and
     ``subscribers`` 1 or 0 for with or without the turns): ``Ir`` (instructions) and, with
-    ``caches``, the simulated first-level misses (``I1mr`` code, ``D1mr``/``D1mw`` data)."""
+    ``caches``, the simulated first-level misses (``I1mr`` code, ``D1mr``/``D1mw`` data).
+    Without ``collector`` the child runs with Python's cyclic collector disabled."""
     env = dict(os.environ, PYTHONHASHSEED="0")
+    if not collector:
+        env["BENCH_NO_GC"] = "1"
     if SEED is not None:
         env["BENCH_TRIO_SEED"] = str(SEED)
     if pythonpath:
@@ -342,12 +351,14 @@ def per_step(
     return {name: (many[name] - few[name]) / (4 * STEPS) for name in many}
 
 
-def per_w2_run(what: str, pythonpath: str | None) -> float:
-    """Instructions a W2 run's turn costs: two repetitions with the turns, less the same
-    without them, over the runs."""
-    ran = count(what, W2_REPS, 1, pythonpath)
-    idle = count(what, W2_REPS, 0, pythonpath)
-    return (ran["Ir"] - idle["Ir"]) / (W2_REPS * W2_AGENTS)
+def per_w2_run(
+    what: str, pythonpath: str | None, caches: bool = False, collector: bool = True
+) -> dict[str, float]:
+    """What a W2 run's turn costs (``Ir``, and the misses with ``caches``): two repetitions
+    with the turns, less the same without them, over the runs."""
+    ran = count(what, W2_REPS, 1, pythonpath, caches, collector)
+    idle = count(what, W2_REPS, 0, pythonpath, caches, collector)
+    return {name: (ran[name] - idle[name]) / (W2_REPS * W2_AGENTS) for name in ran}
 
 
 def seed_trio(seed: int) -> None:
@@ -366,6 +377,8 @@ def main() -> None:
     parser.add_argument("--pythonpath", help="a checkout to measure instead of the installed one")
     parser.add_argument("--caches", action="store_true",
                         help="also count first-level cache misses (simulated; slower)")
+    parser.add_argument("--collector-share", action="store_true",
+                        help="W2: count the runs again with the cyclic collector off")
     parser.add_argument("--quick", action="store_true",
                         help="run each loop for one turn, uncounted (checks that they run)")
     parser.add_argument("--seed", type=int,
@@ -394,6 +407,10 @@ def main() -> None:
         seed = os.environ.get("BENCH_TRIO_SEED")
         if seed is not None:
             seed_trio(int(seed))
+        if os.environ.get("BENCH_NO_GC"):
+            import gc
+
+            gc.disable()
 
         what, turns, subscribers = args.child[0], int(args.child[1]), int(args.child[2])
         if what == "floor-w2":
@@ -410,11 +427,27 @@ def main() -> None:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not on PATH: this benchmark counts instructions with it")
     if args.workload == "w2":
-        floor_run = per_w2_run("floor-w2", None)
-        ours_run = per_w2_run("agentloop-w2", args.pythonpath)
-        print(f"{'floor (bare trio)':<26} {floor_run:>10,.0f} instructions per W2 run")
-        print(f"{'agentloop':<26} {ours_run:>10,.0f} instructions per W2 run "
-              f"({ours_run / floor_run:.2f}x)")
+        floor_run = per_w2_run("floor-w2", None, args.caches)
+        ours_run = per_w2_run("agentloop-w2", args.pythonpath, args.caches)
+        print(f"{'floor (bare trio)':<26} {floor_run['Ir']:>10,.0f} instructions per W2 run")
+        print(f"{'agentloop':<26} {ours_run['Ir']:>10,.0f} instructions per W2 run "
+              f"({ours_run['Ir'] / floor_run['Ir']:.2f}x)")
+        if args.caches:
+            print("first-level cache misses per W2 run (valgrind's simulation):")
+            for name, run in (("floor (bare trio)", floor_run), ("agentloop", ours_run)):
+                data = run["D1mr"] + run["D1mw"]
+                print(f"{name:<26} {run['I1mr']:>10,.0f} code {data:>10,.0f} data")
+        if args.collector_share:
+            # The same runs with the cyclic collector off: what is left of each is what the
+            # collector's young-generation passes cost while 500 turns are in flight.
+            print("without the cyclic collector (its share of the run):")
+            for name, what, path, run in (
+                ("floor (bare trio)", "floor-w2", None, floor_run),
+                ("agentloop", "agentloop-w2", args.pythonpath, ours_run),
+            ):
+                bare = per_w2_run(what, path, collector=False)["Ir"]
+                print(f"{name:<26} {bare:>10,.0f} instructions per W2 run "
+                      f"(the collector: {1 - bare / run['Ir']:.1%})")
         return
     caches = args.caches
     floor = per_step("floor", 0, None, caches)
