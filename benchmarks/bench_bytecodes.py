@@ -19,6 +19,10 @@ dict lookup), so read them beside ``bench_instructions.py`` and the yardstick.
 ``bench_instructions.py`` does), run by ``--python`` when that tree needs an interpreter of
 its own (other dependencies). Modules of the compiled build run as native code, which no
 bytecode counts: the script says so when the tree it counts has any.
+
+With ``--subscribers 1`` it also says what the subscriber goal (a step with one durable
+subscriber at most 1.25x one without) leaves the runtime: the goal's margin, less what trio,
+the standard library and the reader's own loop add to a step whoever makes the events.
 About 20 seconds.
 """
 
@@ -124,6 +128,29 @@ def measure(
     return step, found[-1]["native"], found[-1]["python"]
 
 
+# What a step of the W1 turn appends, but for the last of its fifty: a request header, ten
+# text chunks, a tool-call chunk, the reply, the call and its result.
+EVENTS_PER_STEP = 15
+SUBSCRIBER_GOAL = 1.25  # issue 31: a step with one durable subscriber, x a step without
+
+
+def subscriber_budget(ours: dict[str, float], subs: dict[str, float]) -> str:
+    """What the subscriber goal leaves the runtime, in bytecodes: the goal's margin over a
+    step without a subscriber, less what trio, the standard library and the reader's own
+    loop add whoever delivers the events (trio's receive and ``async for``)."""
+    margin = (SUBSCRIBER_GOAL - 1) * sum(ours.values())
+    others = sum(subs[o] - ours[o] for o in OWNERS if o != "agentloop")
+    left = margin - others
+    runtime = subs["agentloop"] - ours["agentloop"]
+    return (
+        f"the subscriber goal ({SUBSCRIBER_GOAL}x) leaves {margin:,.0f} bytecodes a step for "
+        f"all a subscriber adds; trio, Python and the reader's loop add {others:,.0f}, which "
+        f"leaves the runtime {left:,.0f} ({left / EVENTS_PER_STEP:,.0f} an event) to make "
+        f"the step's {EVENTS_PER_STEP} events and hand them over; it spends {runtime:,.0f} "
+        f"({runtime / EVENTS_PER_STEP:,.0f} an event)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--subscribers", type=int, default=0)
@@ -162,6 +189,8 @@ def main() -> None:
         print(f"{name:<{width}}{cells}{sum(step.values()):>11,.0f}")
     print(f"the shape's own trio work: {shape['trio'] - floor['trio']:,.0f} bytecodes a step "
           f"(floor in the shape less the floor)")
+    if args.subscribers == 1:
+        print(subscriber_budget(ours, subs))
     for name, modules in notes:
         if modules:
             print(f"{name}: {len(modules)} compiled modules ran as native code and are not "
