@@ -19,11 +19,11 @@ dict lookup), so read them beside ``bench_instructions.py`` and the yardstick.
 ``bench_instructions.py`` does), run by ``--python`` when that tree needs an interpreter of
 its own (other dependencies). Modules of the compiled build run as native code, which no
 bytecode counts: the script says so when the tree it counts has any.
+About 20 seconds.
 
 With ``--subscribers 1`` it also says what the subscriber goal (a step with one durable
 subscriber at most 1.25x one without) leaves the runtime: the goal's margin, less what trio,
 the standard library and the reader's own loop add to a step whoever makes the events.
-About 20 seconds.
 """
 
 from __future__ import annotations
